@@ -1,0 +1,1 @@
+"""The client-facing coordinator: runs each request's draft -> verify -> commit rounds."""

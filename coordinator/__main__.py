@@ -1,0 +1,75 @@
+"""Entry point: `python -m coordinator --draft-replicas A,B --verify-replicas C ...` (see --help)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from transformers import AutoTokenizer, GenerationConfig
+
+from coordinator.replicas import ReplicaPool
+from coordinator.servicer import CoordinatorServicer
+from coordinator.settings import CoordinatorSettings
+from specdec.model_runtime import VocabularyIdentity, check_same_vocabulary, tokenizer_sha256
+from specdec.serving import configure_logging, start_server, wait_for_termination
+from specdec.settings import parse_settings
+from specdec.v1 import coordinator_pb2, coordinator_pb2_grpc, drafter_pb2_grpc, verifier_pb2_grpc
+
+log = logging.getLogger("coordinator")
+
+
+def eos_token_ids(source: str, tokenizer) -> set[int]:
+    """EOS ids from the generation config when there is one, plus the tokenizer's."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    try:
+        configured = GenerationConfig.from_pretrained(source).eos_token_id
+    except OSError:
+        configured = None
+    ids.update(configured if isinstance(configured, list) else [configured] if configured is not None else [])
+    return ids
+
+
+def check_replicas(tokenizer_identity: VocabularyIdentity, draft_pool: ReplicaPool, verify_pool: ReplicaPool) -> int:
+    """Refuses replicas whose vocabulary differs from the coordinator's tokenizer; returns the logits width."""
+    vocab_size = verify_pool.replicas[0].info.vocab_size
+    for replica in [*verify_pool.replicas, *draft_pool.replicas]:
+        info = replica.info
+        if not info.tokenizer_sha256:  # a model-free drafter: only the width must agree
+            info_identity = VocabularyIdentity(replica.address, info.vocab_size, tokenizer_identity.tokenizer_sha256)
+        else:
+            info_identity = VocabularyIdentity(f"{info.model_id} at {replica.address}", info.vocab_size,
+                                               info.tokenizer_sha256)
+        check_same_vocabulary(VocabularyIdentity(tokenizer_identity.model_id, vocab_size,
+                                                 tokenizer_identity.tokenizer_sha256), info_identity)
+    return vocab_size
+
+
+async def build_servicer(settings: CoordinatorSettings) -> CoordinatorServicer:
+    tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer)
+    draft_pool = ReplicaPool("draft", settings.draft_replicas, drafter_pb2_grpc.DrafterStub)
+    verify_pool = ReplicaPool("verify", settings.verify_replicas, verifier_pb2_grpc.VerifierStub)
+    await asyncio.gather(draft_pool.wait_ready(settings.startup_timeout_s), verify_pool.wait_ready(settings.startup_timeout_s))
+    identity = VocabularyIdentity(settings.tokenizer, 0, tokenizer_sha256(tokenizer))
+    vocab_size = check_replicas(identity, draft_pool, verify_pool)
+    return CoordinatorServicer(settings, tokenizer, eos_token_ids(settings.tokenizer, tokenizer), vocab_size,
+                               draft_pool, verify_pool)
+
+
+async def serve(settings: CoordinatorSettings) -> None:
+    servicer = await build_servicer(settings)
+    running = await start_server(settings.address,
+                                 lambda s: coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, s),
+                                 [coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name])
+    print(f"coordinator listening on port {running.port}", flush=True)
+    await wait_for_termination(running, settings.grace_s)
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = parse_settings(CoordinatorSettings, argv, description="Client-facing coordinator of the stack.")
+    configure_logging(settings.log_level)
+    asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

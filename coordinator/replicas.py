@@ -1,0 +1,92 @@
+"""Pools of draft or verify replicas: channels, stubs and session counts for least-loaded placement."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from specdec.errors import DownstreamUnavailableError
+from specdec.serving import channel_options
+from specdec.v1 import common_pb2
+
+log = logging.getLogger(__name__)
+StubT = TypeVar("StubT")
+
+
+def expand_addresses(entries: Sequence[str]) -> list[str]:
+    """Expands `dns:///name:port` entries into one address per resolved IP; other entries stay as they are."""
+    addresses: list[str] = []
+    for entry in entries:
+        if not entry.startswith("dns:///"):
+            addresses.append(entry)
+            continue
+        host, _, port = entry.removeprefix("dns:///").rpartition(":")
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+        ips = sorted({info[4][0] for info in infos})
+        addresses.extend(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips)
+    return addresses
+
+
+@dataclass
+class Replica(Generic[StubT]):
+    """One service replica: its address, channel, stub and the sessions this coordinator placed on it."""
+
+    address: str
+    channel: grpc.aio.Channel
+    stub: StubT
+    active_sessions: int = 0
+    info: common_pb2.ServiceInfo | None = field(default=None)
+
+
+class ReplicaPool(Generic[StubT]):
+    """Spreads sessions over replicas by load (fewest active sessions); a session stays on its replica."""
+
+    def __init__(self, kind: str, addresses: Sequence[str], make_stub: Callable[[grpc.aio.Channel], StubT]):
+        if not addresses:
+            raise ValueError(f"{kind}_replicas: at least one address is needed")
+        self.kind = kind
+        self.replicas: list[Replica[StubT]] = []
+        for address in expand_addresses(addresses):
+            channel = grpc.aio.insecure_channel(address, options=channel_options())
+            self.replicas.append(Replica(address, channel, make_stub(channel)))
+
+    def acquire(self) -> Replica[StubT]:
+        """The least-loaded replica, counted as holding one more session."""
+        replica = min(self.replicas, key=lambda r: r.active_sessions)
+        replica.active_sessions += 1
+        return replica
+
+    @staticmethod
+    def release(replica: Replica[StubT]) -> None:
+        replica.active_sessions -= 1
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Waits until every replica answers Info (fetching it), or raises DownstreamUnavailableError."""
+        async def one(replica: Replica[StubT]) -> None:
+            deadline = asyncio.get_running_loop().time() + timeout_s
+            health = health_pb2_grpc.HealthStub(replica.channel)
+            while True:
+                try:
+                    status = await health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+                    if status.status == health_pb2.HealthCheckResponse.SERVING:
+                        replica.info = await replica.stub.Info(common_pb2.InfoRequest(), timeout=5)
+                        return
+                except grpc.aio.AioRpcError as error:
+                    if asyncio.get_running_loop().time() > deadline:
+                        raise DownstreamUnavailableError(
+                            f"{self.kind} replica {replica.address} not ready after {timeout_s:.0f}s: {error.code().name}"
+                        ) from None
+                await asyncio.sleep(0.5)
+
+        await asyncio.gather(*(one(r) for r in self.replicas))
+        log.info("%s replicas ready: %s", self.kind, ", ".join(r.address for r in self.replicas))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(r.channel.close() for r in self.replicas))

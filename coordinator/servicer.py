@@ -1,0 +1,92 @@
+"""The Coordinator gRPC servicer: validates, places the request on replicas, runs it, streams chunks."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from transformers import PreTrainedTokenizerBase
+
+from coordinator.generation import Generation, GenerationPlan, RequestStats
+from coordinator.replicas import ReplicaPool
+from coordinator.settings import CoordinatorSettings
+from coordinator.text_stream import TextStream
+from coordinator.validation import plan_request
+from specdec.v1 import coordinator_pb2, coordinator_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+FINISH_REASONS = {None: coordinator_pb2.FINISH_REASON_UNSPECIFIED, "length": coordinator_pb2.FINISH_REASON_LENGTH,
+                  "stop": coordinator_pb2.FINISH_REASON_STOP, "eos": coordinator_pb2.FINISH_REASON_EOS}
+
+
+def stats_to_proto(stats: RequestStats, plan: GenerationPlan) -> coordinator_pb2.GenerationStats:
+    return coordinator_pb2.GenerationStats(
+        rounds=stats.rounds, drafted_tokens=stats.drafted, accepted_tokens=stats.accepted,
+        acceptance_rate=stats.acceptance_rate, mean_accepted_length=stats.mean_accepted_length,
+        accepted_per_position=stats.accepted_per_position, drafted_per_position=stats.drafted_per_position,
+        draft_ns=stats.draft_ns, verify_ns=stats.verify_ns, sampling_ns=stats.sampling_ns, wire_ns=max(0, stats.wire_ns),
+        prefill_ns=stats.prefill_ns, total_ns=stats.total_ns, predraft_attempts=stats.predraft_attempts,
+        predraft_hits=stats.predraft_hits, seed=plan.params.seed, prompt_tokens=len(plan.prompt_ids))
+
+
+class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
+    """Thin shell: every request becomes a Generation on the least-loaded draft and verify replicas."""
+
+    def __init__(self, settings: CoordinatorSettings, tokenizer: PreTrainedTokenizerBase, eos_token_ids: set[int],
+                 vocab_size: int, draft_pool: ReplicaPool, verify_pool: ReplicaPool):
+        self.settings = settings
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.vocab_size = vocab_size
+        self.draft_pool = draft_pool
+        self.verify_pool = verify_pool
+
+    async def _run(self, request: coordinator_pb2.GenerateRequest) -> AsyncIterator[coordinator_pb2.GenerateStreamResponse]:
+        plan = plan_request(request, self.settings, self.tokenizer, self.vocab_size)
+        text = TextStream(self.tokenizer, self.eos_token_ids, list(request.stop), plan.max_new_tokens)
+        verify = self.verify_pool.acquire()
+        draft = self.draft_pool.acquire() if plan.gamma > 0 else None
+        generation = Generation(plan, draft, verify, text, self.settings.call_timeout_s)
+        try:
+            async for chunk in generation.chunks():
+                reply = coordinator_pb2.GenerateStreamResponse(
+                    text=chunk.text, token_ids=chunk.token_ids, finish_reason=FINISH_REASONS[chunk.finish_reason],
+                    request_id=plan.request_id)
+                if chunk.finish_reason and request.include_stats:
+                    generation.stats.total_ns = generation.elapsed_ns()
+                    reply.stats.CopyFrom(stats_to_proto(generation.stats, plan))
+                yield reply
+        finally:
+            self.verify_pool.release(verify)
+            if draft is not None:
+                self.draft_pool.release(draft)
+        log.info("request %s: %d prompt + %d new tokens, %d rounds, α=%.2f, finish=%s", plan.request_id,
+                 len(plan.prompt_ids), len(text.token_ids), generation.stats.rounds, generation.stats.acceptance_rate,
+                 text.finish_reason)
+
+    async def GenerateStream(self, request, context) -> AsyncIterator[coordinator_pb2.GenerateStreamResponse]:
+        async for reply in self._run(request):
+            yield reply
+
+    async def Generate(self, request, context) -> coordinator_pb2.GenerateResponse:
+        response = coordinator_pb2.GenerateResponse()
+        async for reply in self._run(request):
+            response.text += reply.text
+            response.token_ids.extend(reply.token_ids)
+            response.request_id = reply.request_id
+            response.finish_reason = reply.finish_reason
+            if reply.HasField("stats"):
+                response.stats.CopyFrom(reply.stats)
+        return response
+
+    async def Info(self, request, context) -> coordinator_pb2.CoordinatorInfo:
+        settings = self.settings
+        return coordinator_pb2.CoordinatorInfo(
+            target_model_id=settings.tokenizer,
+            draft_replicas=[r.address for r in self.draft_pool.replicas],
+            verify_replicas=[r.address for r in self.verify_pool.replicas],
+            default_num_speculative_tokens=settings.default_num_speculative_tokens,
+            max_num_speculative_tokens=settings.max_num_speculative_tokens,
+            max_new_tokens_limit=settings.max_new_tokens_limit, max_context_tokens=settings.max_context_tokens,
+            overlap=settings.overlap)

@@ -1,0 +1,45 @@
+"""Entry point: `python -m draft_service [--model DIR] [--address HOST:PORT] ...` (see --help)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from draft_service.servicer import DrafterServicer
+from draft_service.service import DraftService
+from draft_service.settings import DraftSettings
+from specdec.model_runtime import LoadedModel, ModelSettings
+from specdec.serving import configure_logging, start_server, wait_for_termination
+from specdec.settings import parse_settings
+from specdec.v1 import drafter_pb2, drafter_pb2_grpc
+
+log = logging.getLogger("draft_service")
+
+
+def build_service(settings: DraftSettings) -> DraftService:
+    """Loads the draft model (if any) and wraps it in a DraftService."""
+    if settings.model:
+        model = LoadedModel.load(ModelSettings(settings.model, settings.device, settings.dtype, settings.threads))
+        return DraftService(settings, model, model.vocab_size)
+    if settings.vocab_size <= 0:
+        raise SystemExit("a model-free draft service needs --vocab-size (the target's vocabulary size)")
+    return DraftService(settings, None, settings.vocab_size)
+
+
+async def serve(settings: DraftSettings) -> None:
+    servicer = DrafterServicer(build_service(settings))
+    running = await start_server(settings.address, lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
+                                 [drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name])
+    print(f"draft service listening on port {running.port}", flush=True)
+    await wait_for_termination(running, settings.grace_s)
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = parse_settings(DraftSettings, argv, description="Draft service of the speculative-decoding stack.")
+    configure_logging(settings.log_level)
+    asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,37 @@
+"""The model drafter: a small causal LM drafting autoregressively from its own KV cache."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from draft_service.drafter import Proposal
+from specdec.drafting import draft_with_model
+from specdec.kv_session import KVSession
+from specdec.model_runtime import LoadedModel
+from specdec.sampling import SamplingParams
+
+
+class ModelDraftSession:
+    """A DraftSession backed by a draft model's KV cache."""
+
+    def __init__(self, model: LoadedModel, prompt_ids: Sequence[int], params: SamplingParams):
+        self.session = KVSession(model, prompt_ids)
+        self.session.prefill()
+        self.params = params
+
+    def __len__(self) -> int:
+        return len(self.session)
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        return self.session.cached_len
+
+    def truncate(self, length: int) -> None:
+        self.session.truncate(length)
+
+    def append(self, token_ids: Sequence[int]) -> None:
+        self.session.append(token_ids)
+
+    def propose(self, num_tokens: int) -> Proposal:
+        tokens, probs = draft_with_model(self.session, num_tokens, self.params)
+        return Proposal(tokens, probs)

@@ -1,0 +1,59 @@
+"""The Drafter gRPC servicer: decodes requests, calls DraftService on the model thread, encodes replies."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+from draft_service.service import MODEL, NGRAM, DraftService
+from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
+from specdec.wire import check_token_ids, probs_to_proto, sampling_from_proto
+
+METHOD_NAMES = {common_pb2.DRAFT_METHOD_UNSPECIFIED: None, common_pb2.DRAFT_METHOD_MODEL: MODEL,
+                common_pb2.DRAFT_METHOD_NGRAM: NGRAM}
+METHOD_ENUMS = {MODEL: common_pb2.DRAFT_METHOD_MODEL, NGRAM: common_pb2.DRAFT_METHOD_NGRAM}
+
+
+class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
+    """Thin shell over DraftService; model work runs on one worker thread so the event loop stays free."""
+
+    def __init__(self, service: DraftService):
+        self.service = service
+        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draft-model")
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._model_thread, fn, *args)
+
+    async def OpenSession(self, request: drafter_pb2.OpenDraftSessionRequest, context) -> drafter_pb2.OpenDraftSessionResponse:
+        prompt = check_token_ids(request.prompt_token_ids, self.service.vocab_size, "prompt_token_ids")
+        params = sampling_from_proto(request.sampling)
+        method = METHOD_NAMES.get(request.draft_method, "unknown")
+        prefill_ns = await self._run(self.service.open, request.session_id, prompt, params, method)
+        return drafter_pb2.OpenDraftSessionResponse(session_len=len(prompt), prefill_ns=prefill_ns)
+
+    async def Propose(self, request: drafter_pb2.ProposeRequest, context) -> drafter_pb2.ProposeResponse:
+        appended = check_token_ids(request.appended_token_ids, self.service.vocab_size, "appended_token_ids",
+                                   allow_empty=True)
+        result = await self._run(self.service.propose, request.session_id, request.base_len, appended,
+                                 request.num_speculative_tokens)
+        return drafter_pb2.ProposeResponse(draft_token_ids=result.proposal.token_ids,
+                                           draft_probs=probs_to_proto(result.proposal.probs),
+                                           session_len=result.session_len, draft_ns=result.draft_ns)
+
+    async def CloseSession(self, request: common_pb2.CloseSessionRequest, context) -> common_pb2.CloseSessionResponse:
+        return common_pb2.CloseSessionResponse(closed=await self._run(self.service.close, request.session_id))
+
+    async def Info(self, request: common_pb2.InfoRequest, context) -> common_pb2.ServiceInfo:
+        service, model = self.service, self.service.model
+        return common_pb2.ServiceInfo(
+            model_id=model.settings.model if model else NGRAM,
+            vocab_size=service.vocab_size,
+            tokenizer_sha256=model.identity.tokenizer_sha256 if model else "",
+            device=model.settings.device if model else "cpu",
+            dtype=model.settings.dtype if model else "",
+            active_sessions=len(service.sessions),
+            kv_cache_tokens=service.sessions.kv_cache_tokens(),
+            max_sessions=service.sessions.max_sessions,
+            max_context_tokens=model.max_context_tokens if model else 0,
+            tensor_parallel_size=1,
+            draft_methods=[METHOD_ENUMS[m] for m in service.methods])

@@ -1,0 +1,29 @@
+"""Settings of the draft service (flags `--name`, env `SPECDEC_NAME`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdec.embedded_pair import DEMO_DRAFT_DIR
+from specdec.settings import setting
+
+
+@dataclass(frozen=True)
+class DraftSettings:
+    """Everything the draft service reads at start-up."""
+
+    address: str = setting("[::]:50061", "host:port to serve gRPC on (port 0 picks a free port)")
+    model: str = setting(str(DEMO_DRAFT_DIR), "draft model directory or hub id; empty serves n-gram drafting only")
+    vocab_size: int = setting(0, "vocabulary size when serving n-gram drafting without a model (the target's)")
+    device: str = setting("cpu", "device for the draft model: cpu or cuda:N")
+    dtype: str = setting("float32", "weight dtype: float32, bfloat16 or float16")
+    threads: int = setting(1, "CPU threads for the model (0 = torch default)")
+    max_sessions: int = setting(256, "most sessions held at once; more are refused with RESOURCE_EXHAUSTED")
+    max_speculative_tokens: int = setting(16, "largest num_speculative_tokens a Propose may ask for")
+    default_draft_method: str = setting("model", "draft method for sessions that name none: model or ngram")
+    ngram_min: int = setting(1, "n-gram drafter: shortest suffix matched")
+    ngram_max: int = setting(4, "n-gram drafter: longest suffix matched")
+    ngram_max_proposal: int = setting(10, "n-gram drafter: most tokens proposed per round")
+    grace_s: float = setting(10.0, "seconds in-flight calls get to finish after SIGTERM")
+    metrics_port: int = setting(0, "port for Prometheus /metrics (0 = off)")
+    log_level: str = setting("INFO", "logging level")

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs everything the project needs on a fresh Debian machine with Python 3.11, then runs a task:
+#   bash scripts/bootstrap.sh up      # the whole stack on loopback answering a real prompt
+#   bash scripts/bootstrap.sh test    # the test suite
+# Extra arguments go to the task (python -m specdec up ... / pytest ...).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+task="${1:-up}"; shift || true
+
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "installing redis-server ..."
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
+  else sudo apt-get update -qq && sudo apt-get install -y -qq redis-server >/dev/null; fi
+fi
+if [ ! -x .venv/bin/python ]; then
+  echo "creating .venv ..."
+  python3 -m venv .venv
+fi
+echo "installing Python packages (requirements-test.txt; torch pinned in requirements.txt) ..."
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -r requirements-test.txt
+
+case "$task" in
+  up)   exec .venv/bin/python -m specdec up "$@" ;;
+  test) exec .venv/bin/python -m pytest "$@" ;;
+  *)    echo "unknown task: $task (use up or test)" >&2; exit 2 ;;
+esac

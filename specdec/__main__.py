@@ -1,0 +1,5 @@
+"""`python -m specdec ...`: see specdec.cli."""
+
+from specdec.cli import main
+
+main()

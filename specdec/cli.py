@@ -1,0 +1,89 @@
+"""Command line: start the whole stack on loopback, send a prompt, or run one service.
+
+    python -m specdec up                       # three processes, embedded pair, one real request
+    python -m specdec up --keep-running        # ... and keep serving until Ctrl-C
+    python -m specdec generate --address HOST:PORT "def fibonacci(n):"
+    python -m specdec serve draft|verify|coordinator [service flags]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+
+from specdec.client import Client
+from specdec.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
+from specdec.local_stack import LocalStack
+
+DEFAULT_PROMPT = "def fibonacci(n):\n    "
+SERVICE_MODULES = {"draft": "draft_service.__main__", "verify": "verify_service.__main__",
+                   "coordinator": "coordinator.__main__"}
+
+
+def print_response(response) -> None:
+    print(response.text)
+    print("-" * 60)
+    stats = response.stats
+    finish = response.DESCRIPTOR.fields_by_name["finish_reason"].enum_type.values_by_number[response.finish_reason].name
+    print(f"finish: {finish}  tokens: {len(response.token_ids)}  rounds: {stats.rounds}  "
+          f"acceptance: {stats.acceptance_rate:.2f}  tokens/round: {stats.mean_accepted_length:.2f}  "
+          f"pre-draft hits: {stats.predraft_hits}/{stats.predraft_attempts}  total: {stats.total_ns / 1e6:.0f} ms")
+
+
+def command_up(args: argparse.Namespace) -> None:
+    threads = ["--threads", str(args.threads)]
+    print(f"starting draft, verify and coordinator processes (target {args.target}, draft {args.draft}) ...", flush=True)
+    started = time.perf_counter()
+    with LocalStack(args.target, args.draft, draft_args=threads, verify_args=threads) as stack:
+        print(f"stack ready in {time.perf_counter() - started:.1f}s: coordinator at {stack.address}, "
+              f"logs in {stack.log_dir}", flush=True)
+        with Client(stack.address) as client:
+            response = client.generate(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                       include_stats=True)
+        print(f"prompt: {args.prompt!r}\n" + "-" * 60 + f"\n{args.prompt}", end="")
+        print_response(response)
+        if args.keep_running:
+            print(f"serving on {stack.address}; Ctrl-C stops", flush=True)
+            try:
+                while all(s.process.poll() is None for s in stack.services.values()):
+                    time.sleep(1)
+            except KeyboardInterrupt:
+                pass
+
+
+def command_generate(args: argparse.Namespace) -> None:
+    with Client(args.address) as client:
+        print_response(client.generate(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                       include_stats=True))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        if len(argv) < 2 or argv[1] not in SERVICE_MODULES:
+            raise SystemExit(f"usage: python -m specdec serve {{{','.join(SERVICE_MODULES)}}} [flags]")
+        importlib.import_module(SERVICE_MODULES[argv[1]]).main(argv[2:])
+        return
+    parser = argparse.ArgumentParser(prog="python -m specdec", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    up = commands.add_parser("up", help="start the stack on loopback and answer one prompt")
+    up.add_argument("--target", default=str(DEMO_TARGET_DIR))
+    up.add_argument("--draft", default=str(DEMO_DRAFT_DIR))
+    up.add_argument("--threads", type=int, default=1, help="CPU threads per model service")
+    up.add_argument("--keep-running", action="store_true")
+    generate = commands.add_parser("generate", help="send one prompt to a running coordinator")
+    generate.add_argument("--address", default="localhost:50051")
+    for sub in (up, generate):
+        sub.add_argument("prompt", nargs="?", default=DEFAULT_PROMPT)
+        sub.add_argument("--max-new-tokens", type=int, default=64)
+        sub.add_argument("--temperature", type=float, default=0.0)
+    commands.add_parser("serve", help="run one service: serve draft|verify|coordinator [flags]")
+    args = parser.parse_args(argv)
+    {"up": command_up, "generate": command_generate}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

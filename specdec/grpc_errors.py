@@ -1,0 +1,91 @@
+"""The one place where domain exceptions become gRPC statuses: a server interceptor for grpc.aio."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+
+from specdec.errors import (CapacityError, DownstreamUnavailableError, InvalidFieldError, SessionExistsError,
+                            SessionNotFoundError, StaleBaseLenError, UnauthenticatedError)
+from specdec.kv_session import ContextOverflowError
+from specdec.sampling import NonFiniteLogitsError
+
+log = logging.getLogger(__name__)
+
+STATUS_BY_ERROR: list[tuple[type[BaseException], grpc.StatusCode]] = [
+    (InvalidFieldError, grpc.StatusCode.INVALID_ARGUMENT),
+    (SessionNotFoundError, grpc.StatusCode.NOT_FOUND),
+    (SessionExistsError, grpc.StatusCode.ALREADY_EXISTS),
+    (CapacityError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (ContextOverflowError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (StaleBaseLenError, grpc.StatusCode.FAILED_PRECONDITION),
+    (DownstreamUnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
+    (NonFiniteLogitsError, grpc.StatusCode.INTERNAL),
+]
+
+
+def status_for(error: BaseException) -> grpc.StatusCode:
+    """The status a domain error maps to; INTERNAL for anything unexpected."""
+    for error_type, code in STATUS_BY_ERROR:
+        if isinstance(error, error_type):
+            return code
+    if isinstance(error, grpc.aio.AioRpcError):
+        return error.code()
+    return grpc.StatusCode.INTERNAL
+
+
+def _message(error: BaseException) -> str:
+    if isinstance(error, grpc.aio.AioRpcError):
+        return error.details() or str(error.code())
+    return str(error) or type(error).__name__
+
+
+async def _abort(context: grpc.aio.ServicerContext, method: str, error: BaseException) -> None:
+    code = status_for(error)
+    if code == grpc.StatusCode.INTERNAL and not isinstance(error, NonFiniteLogitsError):
+        log.exception("%s failed unexpectedly", method, exc_info=error)
+    else:
+        log.warning("%s -> %s: %s", method, code.name, _message(error))
+    await context.abort(code, _message(error))
+
+
+class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
+    """Turns exceptions raised by servicer methods into statuses, logging each one."""
+
+    async def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails):
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        method = details.method
+        if handler.unary_unary is not None:
+            inner_unary = handler.unary_unary
+
+            async def unary_unary(request, context):
+                try:
+                    return await inner_unary(request, context)
+                except (asyncio.CancelledError, grpc.aio.AbortError):
+                    raise
+                except Exception as error:  # noqa: BLE001 - mapped to a status here, the one place that does
+                    await _abort(context, method, error)
+
+            return grpc.unary_unary_rpc_method_handler(unary_unary, handler.request_deserializer,
+                                                       handler.response_serializer)
+        if handler.unary_stream is not None:
+            inner_stream = handler.unary_stream
+
+            async def unary_stream(request, context) -> AsyncIterator:
+                try:
+                    async for item in inner_stream(request, context):
+                        yield item
+                except (asyncio.CancelledError, grpc.aio.AbortError):
+                    raise
+                except Exception as error:  # noqa: BLE001
+                    await _abort(context, method, error)
+
+            return grpc.unary_stream_rpc_method_handler(unary_stream, handler.request_deserializer,
+                                                        handler.response_serializer)
+        return handler

@@ -1,0 +1,106 @@
+"""Starts the three services as separate processes on loopback (the CLI's `up` and the end-to-end tests)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+_PORT_LINE = re.compile(r"listening on port (\d+)")
+
+
+@dataclass
+class ServiceProcess:
+    """One running service: its process, port and log file."""
+
+    name: str
+    process: subprocess.Popen
+    port: int
+    log_path: pathlib.Path
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self, timeout_s: float = 15.0) -> int:
+        """SIGTERM (graceful drain), then SIGKILL if it lingers; returns the exit code."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def start_service(name: str, module: str, args: Sequence[str], log_dir: pathlib.Path, timeout_s: float = 180.0,
+                  env: dict[str, str] | None = None) -> ServiceProcess:
+    """Runs `python -m module --address 127.0.0.1:0 args...` and waits for the port it reports."""
+    log_path = log_dir / f"{name}.log"
+    log_file = open(log_path, "ab")
+    process = subprocess.Popen([sys.executable, "-m", module, "--address", "127.0.0.1:0", *args], cwd=REPO_ROOT,
+                               stdout=subprocess.PIPE, stderr=log_file, env={**os.environ, **(env or {})}, text=True)
+    log_file.close()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line and process.poll() is not None:
+            raise RuntimeError(f"{name} exited with {process.returncode} before serving; see {log_path}:\n"
+                               + log_path.read_text()[-3000:])
+        match = _PORT_LINE.search(line)
+        if match:
+            return ServiceProcess(name, process, int(match.group(1)), log_path)
+    process.kill()
+    raise TimeoutError(f"{name} did not report a port within {timeout_s:.0f}s; see {log_path}")
+
+
+@dataclass
+class LocalStack:
+    """Draft, verify and coordinator processes wired together on loopback."""
+
+    target: str
+    draft: str
+    draft_args: Sequence[str] = ()
+    verify_args: Sequence[str] = ()
+    coordinator_args: Sequence[str] = ()
+    log_dir: pathlib.Path = field(default_factory=lambda: pathlib.Path(tempfile.mkdtemp(prefix="specdec-")))
+    services: dict[str, ServiceProcess] = field(default_factory=dict)
+
+    def start(self) -> LocalStack:
+        try:
+            self.services["draft"] = start_service("draft", "draft_service", ["--model", self.draft, *self.draft_args],
+                                                   self.log_dir)
+            self.services["verify"] = start_service("verify", "verify_service",
+                                                    ["--model", self.target, *self.verify_args], self.log_dir)
+            self.services["coordinator"] = start_service(
+                "coordinator", "coordinator",
+                ["--tokenizer", self.target, "--draft-replicas", self.services["draft"].address,
+                 "--verify-replicas", self.services["verify"].address, *self.coordinator_args], self.log_dir)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    @property
+    def address(self) -> str:
+        """The coordinator's client-facing address."""
+        return self.services["coordinator"].address
+
+    def stop(self) -> None:
+        for name in ("coordinator", "draft", "verify"):
+            if name in self.services:
+                self.services[name].stop()
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

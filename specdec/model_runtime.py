@@ -1,0 +1,107 @@
+"""Loading a causal LM with its tokenizer, and the settings that say where and how it runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """Where a model comes from and how it runs."""
+
+    model: str  # local directory or hub id
+    device: str = "cpu"  # "cpu" or "cuda:N"
+    dtype: str = "float32"  # a key of DTYPES
+    threads: int = 0  # intra-op CPU threads; 0 keeps torch's default
+
+
+class TokenizerMismatchError(ValueError):
+    """Draft and target do not share a tokenizer, so their distributions are not comparable."""
+
+
+def tokenizer_sha256(tokenizer: PreTrainedTokenizerBase) -> str:
+    """SHA-256 of the token -> id map, independent of dict order."""
+    vocab = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class VocabularyIdentity:
+    """What must agree between a draft and a target: logits width and tokenizer."""
+
+    model_id: str
+    vocab_size: int
+    tokenizer_sha256: str
+
+
+def check_same_vocabulary(target: VocabularyIdentity, draft: VocabularyIdentity) -> None:
+    """Refuses a draft/target pair whose vocabularies differ, saying what differs."""
+    if target.vocab_size != draft.vocab_size:
+        raise TokenizerMismatchError(
+            f"vocabulary size differs: target {target.model_id!r} has {target.vocab_size}, "
+            f"draft {draft.model_id!r} has {draft.vocab_size}")
+    if target.tokenizer_sha256 != draft.tokenizer_sha256:
+        raise TokenizerMismatchError(
+            f"token->id map differs: target {target.model_id!r} sha256 {target.tokenizer_sha256[:12]}…, "
+            f"draft {draft.model_id!r} sha256 {draft.tokenizer_sha256[:12]}…")
+
+
+class LoadedModel:
+    """A causal LM and its tokenizer, ready for cached forward passes on one device."""
+
+    def __init__(self, settings: ModelSettings, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
+        self.settings = settings
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = torch.device(settings.device)
+        self.vocab_size: int = model.config.vocab_size
+        self.max_context_tokens: int = model.config.max_position_embeddings
+        self.identity = VocabularyIdentity(settings.model, self.vocab_size, tokenizer_sha256(tokenizer))
+        self.eos_token_ids: frozenset[int] = frozenset(_eos_ids(model, tokenizer))
+
+    @classmethod
+    def load(cls, settings: ModelSettings, **from_pretrained_kwargs) -> LoadedModel:
+        """Loads weights and tokenizer from a local directory or hub id (no download happens offline)."""
+        if settings.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {settings.dtype!r}")
+        if settings.threads > 0:
+            torch.set_num_threads(settings.threads)
+        started = time.perf_counter()
+        tokenizer = AutoTokenizer.from_pretrained(settings.model)
+        model = AutoModelForCausalLM.from_pretrained(settings.model, dtype=DTYPES[settings.dtype], **from_pretrained_kwargs)
+        if "tp_plan" not in from_pretrained_kwargs:
+            model = model.to(settings.device)
+        model.eval()
+        params = sum(p.numel() for p in model.parameters())
+        log.info("loaded %s (%.1fM params, %s, %s) in %.1fs", settings.model, params / 1e6, settings.dtype,
+                 settings.device, time.perf_counter() - started)
+        return cls(settings, model, tokenizer)
+
+    def new_cache(self) -> DynamicCache:
+        """An empty KV cache for one sequence."""
+        return DynamicCache(config=self.model.config)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+        """Runs input_ids [1, T] after the cached prefix, extending the cache; returns float32 logits [T, V]."""
+        output = self.model(input_ids=input_ids.to(self.device), cache=cache, use_cache=True)
+        return output.logits[0].float()
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    ids = model.generation_config.eos_token_id if model.generation_config is not None else None
+    found = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
+    if tokenizer.eos_token_id is not None:
+        found.add(tokenizer.eos_token_id)
+    return found

@@ -1,0 +1,86 @@
+"""What every server shares: a grpc.aio server with health, reflection and error mapping, drained on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from specdec.grpc_errors import ErrorMappingInterceptor
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class RunningServer:
+    """A started server, the port it bound and its health servicer."""
+
+    server: grpc.aio.Server
+    port: int
+    health: health.HealthServicer
+    service_names: tuple[str, ...]
+
+    def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", *self.service_names):
+            self.health.set(name, status)
+
+    async def stop(self, grace_s: float) -> None:
+        """Stops taking new calls and lets in-flight ones finish for up to grace_s seconds."""
+        self.set_serving(False)
+        await self.server.stop(grace_s)
+
+
+def configure_logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+async def start_server(address: str, register: Callable[[grpc.aio.Server], None], service_names: Sequence[str],
+                       interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+                       credentials: grpc.ServerCredentials | None = None) -> RunningServer:
+    """Binds address (port 0 picks a free one), registers the servicers, health and reflection, and starts."""
+    server = grpc.aio.server(
+        interceptors=[*interceptors, ErrorMappingInterceptor()],
+        options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+    register(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind {address}")
+    await server.start()
+    running = RunningServer(server, port, health_servicer, tuple(service_names))
+    running.set_serving(True)
+    log.info("serving %s on port %d", ", ".join(service_names), port)
+    return running
+
+
+async def wait_for_termination(running: RunningServer, grace_s: float) -> None:
+    """Serves until SIGTERM/SIGINT, then drains in-flight calls for up to grace_s seconds."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    serving = asyncio.ensure_future(running.server.wait_for_termination())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([serving, stopping], return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set():
+        log.info("signal received: draining for up to %.0fs", grace_s)
+        await running.stop(grace_s)
+    serving.cancel()
+    stopping.cancel()
+
+
+def channel_options() -> list[tuple[str, int]]:
+    """Client channel options matching the servers' message limits."""
+    return [("grpc.max_send_message_length", MAX_MESSAGE_BYTES), ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]

@@ -1,0 +1,81 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DraftMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DRAFT_METHOD_UNSPECIFIED: _ClassVar[DraftMethod]
+    DRAFT_METHOD_MODEL: _ClassVar[DraftMethod]
+    DRAFT_METHOD_NGRAM: _ClassVar[DraftMethod]
+DRAFT_METHOD_UNSPECIFIED: DraftMethod
+DRAFT_METHOD_MODEL: DraftMethod
+DRAFT_METHOD_NGRAM: DraftMethod
+
+class SamplingParams(_message.Message):
+    __slots__ = ("temperature", "top_k", "top_p", "seed")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class ProbabilityMatrix(_message.Message):
+    __slots__ = ("rows", "vocab_size", "float32_data")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    FLOAT32_DATA_FIELD_NUMBER: _ClassVar[int]
+    rows: int
+    vocab_size: int
+    float32_data: bytes
+    def __init__(self, rows: _Optional[int] = ..., vocab_size: _Optional[int] = ..., float32_data: _Optional[bytes] = ...) -> None: ...
+
+class CloseSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class CloseSessionResponse(_message.Message):
+    __slots__ = ("closed",)
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    closed: bool
+    def __init__(self, closed: _Optional[bool] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ServiceInfo(_message.Message):
+    __slots__ = ("model_id", "vocab_size", "tokenizer_sha256", "device", "dtype", "active_sessions", "kv_cache_tokens", "max_sessions", "max_context_tokens", "tensor_parallel_size", "draft_methods")
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_SHA256_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_METHODS_FIELD_NUMBER: _ClassVar[int]
+    model_id: str
+    vocab_size: int
+    tokenizer_sha256: str
+    device: str
+    dtype: str
+    active_sessions: int
+    kv_cache_tokens: int
+    max_sessions: int
+    max_context_tokens: int
+    tensor_parallel_size: int
+    draft_methods: _containers.RepeatedScalarFieldContainer[DraftMethod]
+    def __init__(self, model_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_sha256: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., active_sessions: _Optional[int] = ..., kv_cache_tokens: _Optional[int] = ..., max_sessions: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., draft_methods: _Optional[_Iterable[_Union[DraftMethod, str]]] = ...) -> None: ...

@@ -1,0 +1,54 @@
+from specdec.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class OpenVerifySessionRequest(_message.Message):
+    __slots__ = ("session_id", "prompt_token_ids", "sampling")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: _common_pb2.SamplingParams
+    def __init__(self, session_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+
+class OpenVerifySessionResponse(_message.Message):
+    __slots__ = ("session_len", "prefill_ns")
+    SESSION_LEN_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_NS_FIELD_NUMBER: _ClassVar[int]
+    session_len: int
+    prefill_ns: int
+    def __init__(self, session_len: _Optional[int] = ..., prefill_ns: _Optional[int] = ...) -> None: ...
+
+class VerifyRequest(_message.Message):
+    __slots__ = ("session_id", "base_len", "draft_token_ids", "draft_probs")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    BASE_LEN_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    base_len: int
+    draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    draft_probs: _common_pb2.ProbabilityMatrix
+    def __init__(self, session_id: _Optional[str] = ..., base_len: _Optional[int] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Union[_common_pb2.ProbabilityMatrix, _Mapping]] = ...) -> None: ...
+
+class VerifyResponse(_message.Message):
+    __slots__ = ("accepted_token_ids", "next_token_id", "is_bonus", "session_len", "forward_ns", "sampling_ns")
+    ACCEPTED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    IS_BONUS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_LEN_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_NS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_NS_FIELD_NUMBER: _ClassVar[int]
+    accepted_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    next_token_id: int
+    is_bonus: bool
+    session_len: int
+    forward_ns: int
+    sampling_ns: int
+    def __init__(self, accepted_token_ids: _Optional[_Iterable[int]] = ..., next_token_id: _Optional[int] = ..., is_bonus: _Optional[bool] = ..., session_len: _Optional[int] = ..., forward_ns: _Optional[int] = ..., sampling_ns: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,81 @@
+"""KV rollback: truncate keeps the kept positions exact, and cycles keep length and memory bounded."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specdec.kv_session import ContextOverflowError, KVSession
+from specdec.model_runtime import LoadedModel, ModelSettings, TokenizerMismatchError, check_same_vocabulary
+from tiny_models import make_pair
+
+
+def fresh_next_logits(model: LoadedModel, tokens: list[int]) -> torch.Tensor:
+    return KVSession(model, tokens).extend()[-1]  # [V]
+
+
+def test_truncate_matches_fresh_prefill(tiny_pair):
+    target, _ = tiny_pair
+    session = KVSession(target, [3, 4, 5, 6])
+    session.extend([7, 8, 9, 10, 11, 12])
+    for n in (9, 6, 4, 2, 1):
+        session.truncate(n)
+        assert session.cached_len <= n and len(session) == n
+        # Re-feed the last kept token so the next-token logits come out of the rolled-back cache.
+        session.truncate(n - 1)
+        rolled_back = session.extend([session_tokens := [3, 4, 5, 6, 7, 8, 9, 10, 11, 12][n - 1]])[-1]
+        torch.testing.assert_close(rolled_back, fresh_next_logits(target, [3, 4, 5, 6, 7, 8, 9, 10, 11, 12][:n]),
+                                   atol=1e-5, rtol=0)
+        assert session_tokens == session.tokens[-1]
+
+
+def test_extend_scores_every_new_position_in_one_pass(tiny_pair):
+    target, _ = tiny_pair
+    tokens = [2, 9, 4, 4, 17, 30]
+    session = KVSession(target, tokens[:2])
+    session.prefill()  # caches token 0; tokens 1..5 are pending after the extend
+    batched = session.extend(tokens[2:])  # [5, V]
+    assert batched.shape == (5, target.vocab_size)
+    for i in range(5):
+        torch.testing.assert_close(batched[i], fresh_next_logits(target, tokens[: 2 + i]), atol=1e-5, rtol=0)
+
+
+def test_random_extend_truncate_cycles_keep_length_and_memory_bounded(tiny_pair):
+    target, _ = tiny_pair
+    rng = random.Random(0)
+    session = KVSession(target, [1, 2, 3])
+    session.prefill()
+    peak = 0
+    for _ in range(1000):
+        if rng.random() < 0.5 and len(session) > 1:
+            length = rng.randint(1, len(session))
+            session.truncate(length)
+            assert len(session) == length and session.cached_len <= length
+        else:
+            new = [rng.randrange(1, 64) for _ in range(rng.randint(0, 4))]
+            if len(session) + len(new) > 60:
+                session.truncate(rng.randint(1, 10))
+            session.extend(new)
+            assert session.cached_len == len(session)
+        key_tensor = session.cache.layers[0].keys
+        peak = max(peak, 0 if key_tensor is None else key_tensor.shape[-2])
+        assert peak <= 64, "the cache must never hold more positions than the sequence"
+
+
+def test_context_overflow_is_refused(tiny_pair):
+    target, _ = tiny_pair
+    with pytest.raises(ContextOverflowError, match="context"):
+        KVSession(target, [1] * (target.max_context_tokens + 1))
+
+
+def test_mismatched_tokenizers_are_refused(tmp_path, tiny_pair):
+    target, _ = tiny_pair
+    other_target_dir, _ = make_pair(tmp_path, vocab_size=32)
+    other = LoadedModel.load(ModelSettings(str(other_target_dir)))
+    with pytest.raises(TokenizerMismatchError, match="vocabulary size differs"):
+        check_same_vocabulary(target.identity, other.identity)
+    renamed = type(target.identity)(target.identity.model_id, target.vocab_size, "0" * 64)
+    with pytest.raises(TokenizerMismatchError, match="token->id map differs"):
+        check_same_vocabulary(target.identity, renamed)

@@ -1,0 +1,50 @@
+"""The Verifier gRPC servicer: decodes requests, calls VerifyService on the model thread, encodes replies."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
+from specdec.wire import check_token_ids, probs_from_proto, sampling_from_proto
+from verify_service.service import VerifyService
+
+
+class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
+    """Thin shell over VerifyService; model work runs on one worker thread so the event loop stays free."""
+
+    def __init__(self, service: VerifyService, tensor_parallel_size: int = 1):
+        self.service = service
+        self.tensor_parallel_size = tensor_parallel_size
+        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-model")
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._model_thread, fn, *args)
+
+    async def OpenSession(self, request: verifier_pb2.OpenVerifySessionRequest, context) -> verifier_pb2.OpenVerifySessionResponse:
+        prompt = check_token_ids(request.prompt_token_ids, self.service.model.vocab_size, "prompt_token_ids")
+        params = sampling_from_proto(request.sampling)
+        prefill_ns = await self._run(self.service.open, request.session_id, prompt, params)
+        return verifier_pb2.OpenVerifySessionResponse(session_len=len(prompt), prefill_ns=prefill_ns)
+
+    async def Verify(self, request: verifier_pb2.VerifyRequest, context) -> verifier_pb2.VerifyResponse:
+        vocab_size = self.service.model.vocab_size
+        drafts = check_token_ids(request.draft_token_ids, vocab_size, "draft_token_ids", allow_empty=True)
+        probs = probs_from_proto(request.draft_probs, len(drafts), vocab_size)
+        verdict, timing, session_len = await self._run(self.service.verify, request.session_id, request.base_len,
+                                                       drafts, probs)
+        return verifier_pb2.VerifyResponse(accepted_token_ids=verdict.accepted_tokens, next_token_id=verdict.next_token,
+                                           is_bonus=verdict.is_bonus, session_len=session_len,
+                                           forward_ns=timing.forward_ns, sampling_ns=timing.sampling_ns)
+
+    async def CloseSession(self, request: common_pb2.CloseSessionRequest, context) -> common_pb2.CloseSessionResponse:
+        return common_pb2.CloseSessionResponse(closed=await self._run(self.service.close, request.session_id))
+
+    async def Info(self, request: common_pb2.InfoRequest, context) -> common_pb2.ServiceInfo:
+        service, model = self.service, self.service.model
+        return common_pb2.ServiceInfo(
+            model_id=model.settings.model, vocab_size=model.vocab_size,
+            tokenizer_sha256=model.identity.tokenizer_sha256, device=model.settings.device, dtype=model.settings.dtype,
+            active_sessions=len(service.sessions), kv_cache_tokens=service.sessions.kv_cache_tokens(),
+            max_sessions=service.sessions.max_sessions, max_context_tokens=model.max_context_tokens,
+            tensor_parallel_size=self.tensor_parallel_size)
