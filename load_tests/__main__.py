@@ -1,0 +1,3 @@
+from load_tests.cli import main
+
+main()

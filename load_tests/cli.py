@@ -1,0 +1,134 @@
+"""Command line of the load tests.
+
+    python -m load_tests --address 127.0.0.1:50051                    # against a running coordinator
+    python -m load_tests --start-stack --threads 1                     # start draft/verify/coordinator here
+    python -m load_tests --start-stack --concurrency 1,2,4,8,16 --rates 0.5,1,2 --max-new-tokens 128
+
+Writes `report.json` (every level, comparison and request), `levels.csv` (a row per level), PNG plots and
+`summary.txt` under --out, prints a progress line per level and the summary at the end. Only loopback
+addresses are accepted unless --allow-remote is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import pathlib
+import time
+
+from load_tests.plots import plot_report
+from load_tests.prompts import PROMPT_SETS
+from load_tests.report import summary_text, write_csv, write_json
+from load_tests.sweep import MODES, Sweep, SweepConfig
+from specdec.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
+from specdec.local_stack import REPO_ROOT, LocalStack
+
+DEFAULT_OUT = REPO_ROOT / "load_tests" / "results"
+
+
+def _csv(kind):
+    def parse(raw: str) -> tuple:
+        return tuple(kind(part.strip()) for part in raw.split(",") if part.strip())
+    return parse
+
+
+def is_loopback(address: str) -> bool:
+    """Whether HOST:PORT names this machine (localhost, 127.0.0.0/8, ::1)."""
+    host = address.rsplit(":", 1)[0].strip("[]") if ":" in address else address
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m load_tests", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--address", help="HOST:PORT of a running coordinator")
+    where.add_argument("--start-stack", action="store_true", help="start draft, verify and coordinator on loopback")
+    p.add_argument("--allow-remote", action="store_true", help="accept an --address that is not loopback")
+    stack = p.add_argument_group("--start-stack")
+    stack.add_argument("--target", default=str(DEMO_TARGET_DIR), help="target model directory")
+    stack.add_argument("--draft", default=str(DEMO_DRAFT_DIR), help="draft model directory")
+    stack.add_argument("--threads", type=int, default=1, help="CPU threads of each model service")
+    stack.add_argument("--draft-arg", action="append", default=[], metavar="FLAG",
+                       help="extra draft-service flag, e.g. --draft-arg=--max-sessions=64 (repeatable)")
+    stack.add_argument("--verify-arg", action="append", default=[], metavar="FLAG", help="extra verify-service flag")
+    stack.add_argument("--coordinator-arg", action="append", default=[], metavar="FLAG",
+                       help="extra coordinator flag, e.g. --coordinator-arg=--no-overlap")
+    load = p.add_argument_group("load")
+    load.add_argument("--concurrency", type=_csv(int), default=(1, 2, 4, 8, 16),
+                      help="closed-loop concurrency levels, comma-separated (empty for none) [1,2,4,8,16]")
+    load.add_argument("--rates", type=_csv(float), default=(),
+                      help="open-loop Poisson arrival rates in requests/s, comma-separated [none]")
+    load.add_argument("--prompt-sets", type=_csv(str), default=("code", "grounded"),
+                      help=f"prompt sets among {','.join(PROMPT_SETS)} [code,grounded]")
+    load.add_argument("--modes", type=_csv(str), default=MODES, help="spec and/or plain [spec,plain]")
+    load.add_argument("--requests", type=int, default=0,
+                      help="requests per level; 0 = max(8, 4 x concurrency), or ~20 s of arrivals for a rate [0]")
+    load.add_argument("--duration-s", type=float, default=120.0,
+                      help="no request of a level starts after this many seconds [120]")
+    load.add_argument("--max-new-tokens", type=int, default=128)
+    load.add_argument("--gamma", "--num-speculative-tokens", dest="gamma", type=int, default=None,
+                      help="γ of the speculative mode [the server's default]")
+    load.add_argument("--temperature", type=float, default=0.0)
+    load.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    load.add_argument("--seed", type=int, default=0, help="prompt choice, request seeds and arrivals")
+    load.add_argument("--request-timeout-s", type=float, default=300.0)
+    load.add_argument("--warmup", type=int, default=2, help="unmeasured requests per mode before the sweep")
+    p.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT, help="output directory [load_tests/results]")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> SweepConfig:
+    unknown = set(args.prompt_sets) - set(PROMPT_SETS)
+    if unknown or not args.prompt_sets:
+        raise SystemExit(f"--prompt-sets: choose from {', '.join(PROMPT_SETS)}")
+    if not args.concurrency and not args.rates:
+        raise SystemExit("give at least one --concurrency level or --rates value")
+    return SweepConfig(concurrency=args.concurrency, rates=args.rates, prompt_sets=args.prompt_sets,
+                       modes=args.modes, requests=args.requests, duration_s=args.duration_s,
+                       max_new_tokens=args.max_new_tokens, num_speculative_tokens=args.gamma,
+                       temperature=args.temperature, stop=tuple(args.stop), seed=args.seed,
+                       request_timeout_s=args.request_timeout_s, warmup=args.warmup)
+
+
+def write_outputs(report: dict, out: pathlib.Path) -> list[pathlib.Path]:
+    """report.json, levels.csv, the PNGs and summary.txt under `out`."""
+    summary = summary_text(report)
+    paths = [write_json(report, out / "report.json"), write_csv(report["levels"], out / "levels.csv"),
+             *plot_report(report, out)]
+    (out / "summary.txt").write_text(summary + "\n")
+    return [*paths, out / "summary.txt"]
+
+
+def run(args: argparse.Namespace, address: str) -> dict:
+    config = config_from_args(args)
+    started = time.perf_counter()
+    report = asyncio.run(Sweep(address, config, log=lambda line: print(line, flush=True)).run())
+    paths = write_outputs(report, args.out)
+    print(summary_text(report))
+    print(f"sweep took {time.perf_counter() - started:.0f}s; wrote {', '.join(str(p) for p in paths)}")
+    return report
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Runs the CLI; returns the report (for tests)."""
+    args = parser().parse_args(argv)
+    config_from_args(args)  # fail on bad flags before starting anything
+    if args.address:
+        if not args.allow_remote and not is_loopback(args.address):
+            raise SystemExit(f"{args.address} is not a loopback address; pass --allow-remote to load it anyway")
+        return run(args, args.address)
+    threads = ["--threads", str(args.threads)]
+    print(f"starting the stack (target {args.target}, draft {args.draft}) ...", flush=True)
+    started = time.perf_counter()
+    with LocalStack(args.target, args.draft, draft_args=[*threads, *args.draft_arg],
+                    verify_args=[*threads, *args.verify_arg], coordinator_args=args.coordinator_arg) as stack:
+        print(f"stack ready in {time.perf_counter() - started:.1f}s: coordinator at {stack.address}, "
+              f"logs in {stack.log_dir}", flush=True)
+        return run(args, stack.address)

@@ -1,0 +1,106 @@
+"""PNG plots of a report: latency percentiles and throughput against load, speculative and plain together.
+
+One pair of figures per (load kind, prompt set): `latency_<kind>_<set>.png` (TTFT, ITL, TPOT and e2e; p50
+solid, p90 dashed, p99 dotted) and `throughput_<kind>_<set>.png` (output tokens/s, requests/s, and the
+spec/plain ratios with the break-even line at 1).
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+from matplotlib import ticker  # noqa: E402
+
+MODE_COLORS = {"spec": "tab:blue", "plain": "tab:orange"}
+PERCENTILE_STYLES = {"p50": "-", "p90": "--", "p99": ":"}
+LATENCY_PANELS = (("ttft", "time to first token"), ("itl", "inter-chunk latency (one round)"),
+                  ("tpot", "time per output token"), ("e2e", "end-to-end latency"))
+
+
+def _x(level: dict) -> float:
+    return level["concurrency"] if level["load"] == "concurrency" else level["rate_rps"]
+
+
+def _x_axis(axis, kind: str, levels: list[dict]) -> None:
+    if kind == "concurrency":
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(sorted({_x(lv) for lv in levels}))
+        axis.xaxis.set_major_formatter(ticker.ScalarFormatter())
+        axis.xaxis.set_minor_locator(ticker.NullLocator())
+        axis.set_xlabel("concurrent requests (closed loop)")
+    else:
+        axis.set_xlabel("arrival rate, requests/s (open loop, Poisson)")
+    axis.grid(True, alpha=0.3)
+
+
+def _series(levels: list[dict], mode: str, value) -> tuple[list[float], list[float]]:
+    points = sorted((_x(lv), value(lv)) for lv in levels if lv["mode"] == mode and value(lv) is not None)
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def latency_figure(levels: list[dict], kind: str, title: str, path: pathlib.Path) -> pathlib.Path:
+    figure, axes = plt.subplots(2, 2, figsize=(11, 8))
+    for axis, (metric, name) in zip(axes.flat, LATENCY_PANELS):
+        for mode, color in MODE_COLORS.items():
+            for stat, style in PERCENTILE_STYLES.items():
+                xs, ys = _series(levels, mode, lambda lv: lv["latency_ms"][metric][stat])
+                if xs:
+                    axis.plot(xs, ys, style, color=color, marker="o", markersize=3, label=f"{mode} {stat}")
+        axis.set_title(name)
+        axis.set_ylabel("ms")
+        _x_axis(axis, kind, levels)
+    axes.flat[0].legend(fontsize=8, ncol=2)
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def throughput_figure(levels: list[dict], comparisons: list[dict], kind: str, title: str,
+                      path: pathlib.Path) -> pathlib.Path:
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    for axis, key, label in ((axes[0], "output_token_throughput_tps", "output tokens/s"),
+                             (axes[1], "request_throughput_rps", "completed requests/s")):
+        for mode, color in MODE_COLORS.items():
+            xs, ys = _series(levels, mode, lambda lv: lv[key])
+            if xs:
+                axis.plot(xs, ys, "-", color=color, marker="o", label=mode)
+        axis.set_title(label)
+        axis.legend(fontsize=8)
+        _x_axis(axis, kind, levels)
+    ratio_axis = axes[2]
+    for key, label, color in (("e2e_p50_ratio", "median e2e latency", "tab:red"),
+                              ("output_token_throughput_ratio", "output-token throughput", "tab:green")):
+        points = sorted((_x(row), row[key]) for row in comparisons if row[key] is not None)
+        if points:
+            ratio_axis.plot([p[0] for p in points], [p[1] for p in points], "-", marker="o", color=color, label=label)
+    ratio_axis.axhline(1.0, color="grey", linewidth=1)
+    ratio_axis.set_title("spec / plain")
+    ratio_axis.legend(fontsize=8)
+    _x_axis(ratio_axis, kind, levels)
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def plot_report(report: dict, out_dir: pathlib.Path) -> list[pathlib.Path]:
+    """Writes the figures of every (load kind, prompt set) in the report; returns their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = report["server"].get("target_model_id", "")
+    paths = []
+    groups = sorted({(lv["load"], lv["prompt_set"]) for lv in report["levels"]})
+    for kind, prompt_set in groups:
+        levels = [lv for lv in report["levels"] if lv["load"] == kind and lv["prompt_set"] == prompt_set]
+        rows = [row for row in report["comparisons"] if row["load"] == kind and row["prompt_set"] == prompt_set]
+        title = (f"{prompt_set} prompts, max_new_tokens {report['config']['max_new_tokens']}, "
+                 f"γ {report['config']['num_speculative_tokens']} vs plain — {pathlib.Path(target).name}")
+        paths.append(latency_figure(levels, kind, title, out_dir / f"latency_{kind}_{prompt_set}.png"))
+        paths.append(throughput_figure(levels, rows, kind, title, out_dir / f"throughput_{kind}_{prompt_set}.png"))
+    return paths

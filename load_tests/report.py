@@ -1,0 +1,222 @@
+"""Figures per level, spec/plain comparisons, and the JSON, CSV and text forms of a sweep's report.
+
+JSON report (one file, `schema_version` 1):
+    config       the sweep's settings (levels, prompt sets, γ, max_new_tokens, bounds, seed, ...)
+    server       the coordinator's Info (models, replicas, default γ, overlap, limits)
+    environment  host, Python, CPU count, start time (UTC)
+    levels       one object per run level, in the order run (LEVEL_FIELDS, `latency_ms` and `speculation`)
+    comparisons  one object per (load, prompt set): spec/plain ratios of the median e2e latency, of the
+                 output-token throughput, of median TTFT and median TPOT
+    requests     one object per request (level id, status, times in ms, tokens, speculation stats)
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import pathlib
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from load_tests.generator import RequestResult
+
+SCHEMA_VERSION = 1
+PERCENTILES = (50, 90, 99)
+LATENCY_METRICS = ("ttft", "itl", "tpot", "e2e")
+LEVEL_FIELDS = ("level_id", "order", "load", "concurrency", "rate_rps", "prompt_set", "mode",
+                "num_speculative_tokens", "requests", "ok", "errors", "errors_by_status", "finish_reasons",
+                "stopped_by", "wall_s", "request_throughput_rps", "output_tokens", "output_token_throughput_tps",
+                "prompt_tokens")
+SPECULATION_FIELDS = ("rounds", "drafted_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length",
+                      "requests_with_stats")
+
+
+def distribution(values_s: Sequence[float]) -> dict:
+    """count, mean, p50/p90/p99 and max of a list of seconds, in milliseconds (None when empty)."""
+    if not len(values_s):
+        return {"count": 0, "mean": None, **{f"p{p}": None for p in PERCENTILES}, "max": None}
+    ms = np.asarray(values_s, dtype=float) * 1e3
+    return {"count": int(ms.size), "mean": round(float(ms.mean()), 3),
+            **{f"p{p}": round(float(v), 3) for p, v in zip(PERCENTILES, np.percentile(ms, PERCENTILES))},
+            "max": round(float(ms.max()), 3)}
+
+
+def latency_figures(results: Sequence[RequestResult]) -> dict:
+    """Distributions of TTFT, ITL (pooled over all chunk gaps), TPOT and e2e over the successful requests."""
+    ok = [r for r in results if r.ok]
+    return {"ttft": distribution([r.ttft_s for r in ok if r.ttft_s is not None]),
+            "itl": distribution([gap for r in ok for gap in r.itl_s]),
+            "tpot": distribution([r.tpot_s for r in ok if r.tpot_s is not None]),
+            "e2e": distribution([r.e2e_s for r in ok])}
+
+
+def speculation_figures(results: Sequence[RequestResult]) -> dict:
+    """Token-weighted acceptance rate (accepted / drafted) and round-weighted mean accepted length over
+    the requests that returned stats; None where nothing was drafted or no stats came back."""
+    with_stats = [r for r in results if r.rounds is not None]
+    rounds = sum(r.rounds for r in with_stats)
+    drafted = sum(r.drafted_tokens for r in with_stats)
+    accepted = sum(r.accepted_tokens for r in with_stats)
+    committed = sum(r.mean_accepted_length * r.rounds for r in with_stats)
+    return {"rounds": rounds, "drafted_tokens": drafted, "accepted_tokens": accepted,
+            "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+            "mean_accepted_length": round(committed / rounds, 4) if rounds else None,
+            "requests_with_stats": len(with_stats)}
+
+
+def summarize_level(identity: dict, results: Sequence[RequestResult], wall_s: float, stopped_by: str) -> dict:
+    """One level's report object: `identity` (level_id, order, load, concurrency, rate_rps, prompt_set,
+    mode, num_speculative_tokens) plus counts, throughput, latency distributions and speculation figures.
+    Throughput divides by the level's wall time (first send to last reply); output tokens count every
+    token streamed, failed requests' partial output included."""
+    ok = sum(r.ok for r in results)
+    output_tokens = sum(r.output_tokens for r in results)
+    wall = max(wall_s, 1e-9)
+    return {**identity,
+            "requests": len(results), "ok": ok, "errors": len(results) - ok,
+            "errors_by_status": dict(sorted(Counter(r.status for r in results if not r.ok).items())),
+            "finish_reasons": dict(sorted(Counter(r.finish_reason or "NONE" for r in results if r.ok).items())),
+            "stopped_by": stopped_by, "wall_s": round(wall_s, 4),
+            "request_throughput_rps": round(ok / wall, 4),
+            "output_tokens": output_tokens,
+            "output_token_throughput_tps": round(output_tokens / wall, 4),
+            "prompt_tokens": sum(r.prompt_tokens or 0 for r in results),
+            "latency_ms": latency_figures(results),
+            "speculation": speculation_figures(results)}
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def request_record(level_id: str, result: RequestResult) -> dict:
+    """One request as it goes into the JSON report (times in ms)."""
+    def ms(value: float | None) -> float | None:
+        return None if value is None else round(value * 1e3, 3)
+    return {"level_id": level_id, "index": result.index, "status": result.status, "error": result.error,
+            "start_ms": ms(result.start_s), "ttft_ms": ms(result.ttft_s), "tpot_ms": ms(result.tpot_s),
+            "e2e_ms": ms(result.e2e_s), "itl_ms": [ms(gap) for gap in result.itl_s],
+            "output_tokens": result.output_tokens, "chunks": result.chunks, "finish_reason": result.finish_reason,
+            "prompt_tokens": result.prompt_tokens, "rounds": result.rounds, "drafted_tokens": result.drafted_tokens,
+            "accepted_tokens": result.accepted_tokens, "acceptance_rate": _round(result.acceptance_rate),
+            "mean_accepted_length": _round(result.mean_accepted_length),
+            "server_total_ms": ms(result.server_total_s)}
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return round(numerator / denominator, 4)
+
+
+def comparisons(levels: Sequence[dict]) -> list[dict]:
+    """Per (load, prompt set) with both modes: spec/plain ratios. Below 1 is better for the latency
+    ratios, above 1 for the throughput ratio."""
+    by_key: dict[tuple, dict[str, dict]] = {}
+    for level in levels:
+        key = (level["load"], level["concurrency"], level["rate_rps"], level["prompt_set"])
+        by_key.setdefault(key, {})[level["mode"]] = level
+    rows = []
+    for (load, concurrency, rate, prompt_set), modes in by_key.items():
+        if "spec" not in modes or "plain" not in modes:
+            continue
+        spec, plain = modes["spec"], modes["plain"]
+        rows.append({
+            "load": load, "concurrency": concurrency, "rate_rps": rate, "prompt_set": prompt_set,
+            "spec_level_id": spec["level_id"], "plain_level_id": plain["level_id"],
+            "e2e_p50_ratio": _ratio(spec["latency_ms"]["e2e"]["p50"], plain["latency_ms"]["e2e"]["p50"]),
+            "output_token_throughput_ratio": _ratio(spec["output_token_throughput_tps"],
+                                                    plain["output_token_throughput_tps"]),
+            "ttft_p50_ratio": _ratio(spec["latency_ms"]["ttft"]["p50"], plain["latency_ms"]["ttft"]["p50"]),
+            "tpot_p50_ratio": _ratio(spec["latency_ms"]["tpot"]["p50"], plain["latency_ms"]["tpot"]["p50"]),
+        })
+    return rows
+
+
+def build_report(config: dict, server: dict, environment: dict, levels: list[dict],
+                 requests: list[dict]) -> dict:
+    return {"schema_version": SCHEMA_VERSION, "config": config, "server": server, "environment": environment,
+            "levels": levels, "comparisons": comparisons(levels), "requests": requests}
+
+
+def write_json(report: dict, path: pathlib.Path) -> pathlib.Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    return path
+
+
+def flat_level(level: dict) -> dict:
+    """A level as one CSV row: the plain fields, `<metric>_<stat>_ms` columns, speculation columns, and the
+    count dicts as `CODE:n;CODE:n`."""
+    row = {}
+    for name in LEVEL_FIELDS:
+        value = level[name]
+        row[name] = ";".join(f"{k}:{v}" for k, v in value.items()) if isinstance(value, dict) else value
+    for metric in LATENCY_METRICS:
+        for stat, value in level["latency_ms"][metric].items():
+            row[f"{metric}_{stat}" + ("" if stat == "count" else "_ms")] = value
+    row.update({name: level["speculation"][name] for name in SPECULATION_FIELDS})
+    return row
+
+
+def write_csv(levels: Sequence[dict], path: pathlib.Path) -> pathlib.Path:
+    rows = [flat_level(level) for level in levels]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        if rows:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    return path
+
+
+def _fmt(value: float | None, spec: str = ".0f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def load_label(level: dict) -> str:
+    return f"c={level['concurrency']}" if level["load"] == "concurrency" else f"{level['rate_rps']:g}/s"
+
+
+def progress_line(level: dict, total: int) -> str:
+    """The line printed when a level finishes."""
+    latency, spec = level["latency_ms"], level["speculation"]
+    return (f"[{level['order'] + 1:>3}/{total}] {load_label(level):>7} {level['prompt_set']:<8} {level['mode']:<5} "
+            f"{level['ok']:>4}/{level['requests']:<4} ok in {level['wall_s']:6.1f}s  "
+            f"e2e p50 {_fmt(latency['e2e']['p50']):>6} ms  ttft p50 {_fmt(latency['ttft']['p50']):>5} ms  "
+            f"{level['output_token_throughput_tps']:7.1f} tok/s  α {_fmt(spec['acceptance_rate'], '.2f')}"
+            + (f"  errors {level['errors_by_status']}" if level["errors"] else ""))
+
+
+def summary_text(report: dict) -> str:
+    """A one-screen summary: a row per level, then the spec/plain ratios."""
+    config = report["config"]
+    lines = [f"load test: {len(report['levels'])} levels, prompt sets {', '.join(config['prompt_sets'])}, "
+             f"max_new_tokens {config['max_new_tokens']}, γ {config['num_speculative_tokens']} vs 0, "
+             f"server {report['server'].get('target_model_id', '?')}",
+             f"{'load':>7} {'set':<8} {'mode':<5} {'ok/req':>9} {'e2e p50':>8} {'e2e p99':>8} {'ttft p50':>8} "
+             f"{'tpot p50':>8} {'tok/s':>7} {'req/s':>6} {'α':>5} {'tok/rnd':>7}"]
+    for level in sorted(report["levels"], key=lambda lv: (lv["prompt_set"], lv["load"], lv["concurrency"] or 0,
+                                                          lv["rate_rps"] or 0, lv["mode"] != "spec")):
+        latency, spec = level["latency_ms"], level["speculation"]
+        lines.append(
+            f"{load_label(level):>7} {level['prompt_set']:<8} {level['mode']:<5} "
+            f"{str(level['ok']) + '/' + str(level['requests']):>9} {_fmt(latency['e2e']['p50']):>8} "
+            f"{_fmt(latency['e2e']['p99']):>8} {_fmt(latency['ttft']['p50']):>8} {_fmt(latency['tpot']['p50'], '.1f'):>8} "
+            f"{level['output_token_throughput_tps']:>7.1f} {level['request_throughput_rps']:>6.2f} "
+            f"{_fmt(spec['acceptance_rate'], '.2f'):>5} {_fmt(spec['mean_accepted_length'], '.2f'):>7}")
+    lines.append("spec/plain (latency < 1 and throughput > 1 favour speculation):")
+    for row in report["comparisons"]:
+        label = f"c={row['concurrency']}" if row["load"] == "concurrency" else f"{row['rate_rps']:g}/s"
+        lines.append(f"{label:>7} {row['prompt_set']:<8} e2e p50 ×{_fmt(row['e2e_p50_ratio'], '.2f')}  "
+                     f"tok/s ×{_fmt(row['output_token_throughput_ratio'], '.2f')}  "
+                     f"ttft p50 ×{_fmt(row['ttft_p50_ratio'], '.2f')}  tpot p50 ×{_fmt(row['tpot_p50_ratio'], '.2f')}")
+    errors = sum(level["errors"] for level in report["levels"])
+    if errors:
+        totals = Counter()
+        for level in report["levels"]:
+            totals.update(level["errors_by_status"])
+        lines.append(f"errors: {errors} ({', '.join(f'{k} {v}' for k, v in sorted(totals.items()))})")
+    return "\n".join(lines)

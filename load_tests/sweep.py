@@ -1,0 +1,193 @@
+"""A sweep: every load level x prompt set, speculative and plain back to back against one running stack.
+
+The two modes of a (load, prompt set) pair run one right after the other with the same prompts in the
+same order, and the order inside a pair alternates (spec first, then plain first, ...), so drift on a
+noisy machine hits both modes alike and the ratios stay fair.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import grpc
+
+from load_tests.generator import LoopOutcome, RequestResult, run_closed_loop, run_open_loop, timed_request
+from load_tests.prompts import Prompt, load_prompt_set
+from load_tests.report import build_report, progress_line, request_record, summarize_level
+from specdec.client import build_request
+from specdec.local_stack import REPO_ROOT
+from specdec.serving import channel_options
+from specdec.v1 import common_pb2, coordinator_pb2_grpc
+
+MODES = ("spec", "plain")
+
+
+@dataclass(frozen=True)
+class Load:
+    """A closed-loop concurrency level or an open-loop arrival rate."""
+
+    kind: str  # "concurrency" or "rate"
+    value: float
+
+    @property
+    def label(self) -> str:
+        return f"c{int(self.value)}" if self.kind == "concurrency" else f"r{self.value:g}"
+
+
+@dataclass(frozen=True)
+class LevelPlan:
+    """One level to run: a load, a prompt set and a mode, with its request budget."""
+
+    order: int
+    load: Load
+    prompt_set: str
+    mode: str
+    requests: int
+    pair: int  # index of the (load, prompt set) pair: both modes share it, and so their arrival times
+
+    @property
+    def level_id(self) -> str:
+        return f"{self.load.label}-{self.prompt_set}-{self.mode}"
+
+
+@dataclass
+class SweepConfig:
+    """What to run; see `python -m load_tests --help` for each field."""
+
+    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
+    rates: tuple[float, ...] = ()
+    prompt_sets: tuple[str, ...] = ("code", "grounded")
+    modes: tuple[str, ...] = MODES
+    requests: int = 0  # per level; 0 = auto (closed loop: max(8, 4 x concurrency); open loop: ~20 s of arrivals)
+    duration_s: float = 120.0
+    max_new_tokens: int = 128
+    num_speculative_tokens: int | None = None  # γ of the spec mode; None = the server's default
+    temperature: float = 0.0
+    stop: tuple[str, ...] = ()
+    seed: int = 0
+    request_timeout_s: float = 300.0
+    warmup: int = 2  # unmeasured requests per mode before the first level
+
+    def requests_for(self, load: Load) -> int:
+        if self.requests > 0:
+            return self.requests
+        if load.kind == "concurrency":
+            return max(8, 4 * int(load.value))
+        return max(8, math.ceil(20 * load.value))
+
+    def plan(self) -> list[LevelPlan]:
+        """Levels in run order: loads ascending (closed loop first), each prompt set, the two modes
+        back to back with alternating order."""
+        unknown = set(self.modes) - set(MODES)
+        if unknown or not self.modes:
+            raise ValueError(f"modes must be among {MODES}, got {self.modes}")
+        loads = ([Load("concurrency", c) for c in sorted(set(self.concurrency))]
+                 + [Load("rate", r) for r in sorted(set(self.rates))])
+        levels: list[LevelPlan] = []
+        for pair, (load, prompt_set) in enumerate((ld, ps) for ld in loads for ps in self.prompt_sets):
+            modes = self.modes if pair % 2 == 0 else tuple(reversed(self.modes))
+            for mode in modes:
+                levels.append(LevelPlan(len(levels), load, prompt_set, mode, self.requests_for(load), pair))
+        return levels
+
+
+def environment() -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return {"host": platform.node(), "platform": platform.platform(), "python": sys.version.split()[0],
+            "cpu_count": os.cpu_count(), "git_commit": commit,
+            "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+class Sweep:
+    """Runs a SweepConfig against the coordinator at `address` and builds the report."""
+
+    def __init__(self, address: str, config: SweepConfig, log: Callable[[str], None] = print):
+        self.address = address
+        self.config = config
+        self.log = log
+        self.run_id = uuid.uuid4().hex[:8]
+
+    def _gamma(self, mode: str) -> int | None:
+        return 0 if mode == "plain" else self.config.num_speculative_tokens
+
+    def _request(self, prompt: Prompt, mode: str, index: int, request_id: str):
+        config = self.config
+        return build_request(prompt.prompt, max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                             seed=config.seed + index, stop=config.stop, num_speculative_tokens=self._gamma(mode),
+                             include_stats=True, request_id=request_id)
+
+    async def _run_level(self, stub, level: LevelPlan, prompts: list[Prompt]) -> LoopOutcome:
+        config = self.config
+
+        async def send(index: int, level_start: float) -> RequestResult:
+            request = self._request(prompts[index % len(prompts)], level.mode, index,
+                                    f"lt-{self.run_id}-{level.level_id}-{index}")
+            return await timed_request(stub, request, index, level_start, config.request_timeout_s)
+
+        if level.load.kind == "concurrency":
+            return await run_closed_loop(send, int(level.load.value), level.requests, config.duration_s)
+        return await run_open_loop(send, level.load.value, level.requests, config.duration_s,
+                                   seed=config.seed + level.pair)
+
+    async def _warm_up(self, stub, prompts: list[Prompt]) -> None:
+        for mode in self.config.modes:
+            for index in range(self.config.warmup):
+                result = await timed_request(stub, self._request(prompts[index % len(prompts)], mode, index,
+                                                                 f"lt-{self.run_id}-warmup-{mode}-{index}"),
+                                             index, time.perf_counter(), self.config.request_timeout_s)
+                if not result.ok:
+                    self.log(f"warm-up request ({mode}) failed: {result.status} {result.error}")
+
+    async def run(self) -> dict:
+        """Runs every level, logging a progress line per level; returns the report dict."""
+        config, plan = self.config, self.config.plan()
+        pool = max(level.requests for level in plan)
+        prompts = {name: load_prompt_set(name, pool, seed=config.seed) for name in config.prompt_sets}
+        async with grpc.aio.insecure_channel(self.address, options=channel_options()) as channel:
+            try:
+                await asyncio.wait_for(channel.channel_ready(), timeout=60)
+            except asyncio.TimeoutError:
+                raise SystemExit(f"no coordinator answered at {self.address} within 60 s") from None
+            stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+            info = await stub.Info(common_pb2.InfoRequest(), timeout=30)
+            server = {"address": self.address, "target_model_id": info.target_model_id,
+                      "draft_replicas": list(info.draft_replicas), "verify_replicas": list(info.verify_replicas),
+                      "default_num_speculative_tokens": info.default_num_speculative_tokens,
+                      "max_new_tokens_limit": info.max_new_tokens_limit,
+                      "max_context_tokens": info.max_context_tokens, "overlap": info.overlap}
+            spec_gamma = (config.num_speculative_tokens if config.num_speculative_tokens is not None
+                          else info.default_num_speculative_tokens)
+            self.log(f"coordinator {self.address}: target {info.target_model_id}, γ {spec_gamma}, overlap "
+                     f"{info.overlap}; {len(plan)} levels, prompt pool {pool} per set")
+            await self._warm_up(stub, prompts[config.prompt_sets[0]])
+            levels, requests = [], []
+            for level in plan:
+                outcome = await self._run_level(stub, level, prompts[level.prompt_set])
+                identity = {"level_id": level.level_id, "order": level.order, "load": level.load.kind,
+                            "concurrency": int(level.load.value) if level.load.kind == "concurrency" else None,
+                            "rate_rps": level.load.value if level.load.kind == "rate" else None,
+                            "prompt_set": level.prompt_set, "mode": level.mode,
+                            "num_speculative_tokens": 0 if level.mode == "plain" else spec_gamma}
+                summary = summarize_level(identity, outcome.results, outcome.wall_s, outcome.stopped_by)
+                levels.append(summary)
+                requests.extend(request_record(level.level_id, r) for r in sorted(outcome.results,
+                                                                                    key=lambda r: r.index))
+                self.log(progress_line(summary, len(plan)))
+        config_record = {**{key: list(value) if isinstance(value, tuple) else value
+                            for key, value in asdict(config).items()},
+                         "num_speculative_tokens": spec_gamma, "run_id": self.run_id}
+        return build_report(config_record, server, environment(), levels, requests)
