@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sys
 
@@ -52,6 +53,9 @@ async def build_servicer(settings: CoordinatorSettings) -> CoordinatorServicer:
     await asyncio.gather(draft_pool.wait_ready(settings.startup_timeout_s), verify_pool.wait_ready(settings.startup_timeout_s))
     identity = VocabularyIdentity(settings.tokenizer, 0, tokenizer_sha256(tokenizer))
     vocab_size = check_replicas(identity, draft_pool, verify_pool)
+    model_contexts = [r.info.max_context_tokens for r in [*draft_pool.replicas, *verify_pool.replicas]
+                      if r.info.max_context_tokens]
+    settings = dataclasses.replace(settings, max_context_tokens=min([settings.max_context_tokens, *model_contexts]))
     return CoordinatorServicer(settings, tokenizer, eos_token_ids(settings.tokenizer, tokenizer), vocab_size,
                                draft_pool, verify_pool)
 

@@ -46,17 +46,20 @@ class KVSession:
     def extend(self, token_ids: Sequence[int] = ()) -> torch.Tensor:
         """Appends token_ids and feeds every pending token in one forward pass.
 
-        Returns float32 logits [n_pending, V]: row i predicts the token after pending token i,
-        so the last row is the next-token distribution.
+        Returns float32 logits [len(token_ids) + 1, V]: row 0 predicts the token after the sequence's
+        previous last token, row i the token after new token i, so the last row is the next-token
+        distribution. A previous last token that is already cached is recomputed (cropped and re-fed).
         """
-        self.append(token_ids)
-        if not self.tokens:
+        if not self.tokens and not token_ids:
             raise ValueError("extend needs a non-empty sequence")
-        if self.cached_len == len(self.tokens):  # nothing pending: recompute the last position for its logits
-            self.cache.crop(-1)
-        pending = self.tokens[self.cached_len:]
-        input_ids = torch.tensor([pending], dtype=torch.long)  # [1, n_pending]
-        return self.model.forward(input_ids, self.cache)  # [n_pending, V]
+        previous_len = len(self.tokens)
+        self.append(token_ids)
+        refeed_from = max(previous_len - 1, 0)
+        if self.cached_len > refeed_from:
+            self.cache.crop(refeed_from - self.cached_len)
+        input_ids = torch.tensor([self.tokens[self.cached_len:]], dtype=torch.long)  # [1, n_pending]
+        logits = self.model.forward(input_ids, self.cache)  # [n_pending, V]
+        return logits[-(len(token_ids) + 1):] if previous_len else logits[-len(token_ids):]
 
     def prefill(self) -> None:
         """Feeds every token but the last, so the next extend scores from the last token on."""

@@ -32,9 +32,9 @@ def verify_round(session: KVSession, session_id: str, base_len: int, draft_token
         raise StaleBaseLenError(session_id, base_len, len(session))
     session.truncate(base_len)
     started = time.perf_counter_ns()
-    logits = session.extend(draft_tokens)  # [pending, V]; pending >= γ + 1
+    logits = session.extend(draft_tokens)  # [γ+1, V]
     scored = time.perf_counter_ns()
-    p = logits_to_probs(logits[-(len(draft_tokens) + 1):], params)  # [γ+1, V]
+    p = logits_to_probs(logits, params)  # [γ+1, V]
     verdict = rejection_sample(draft_tokens, draft_probs, p, params, start_position=base_len)
     session.truncate(base_len + verdict.num_accepted)
     session.append([verdict.next_token])

@@ -1,0 +1,167 @@
+"""The three real servers on loopback: exactness, concurrency, streaming, errors, cancellation, overlap."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+import time
+
+import grpc
+import pytest
+
+from specdec.client import Client
+from specdec.local_stack import LocalStack, start_service
+from specdec.model_runtime import LoadedModel, ModelSettings
+from specdec.reference_loop import speculative_generate, target_only_generate
+from specdec.sampling import SamplingParams
+from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2_grpc
+
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_pair_dirs):
+    target_dir, draft_dir = tiny_pair_dirs
+    with LocalStack(str(target_dir), str(draft_dir), coordinator_args=["--max-new-tokens-limit", "200"]) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def sequential_address(stack):
+    """A second coordinator on the same replicas with overlap off."""
+    service = start_service("coordinator-sequential", "coordinator", [
+        "--tokenizer", stack.target, "--draft-replicas", stack.services["draft"].address,
+        "--verify-replicas", stack.services["verify"].address, "--no-overlap"], stack.log_dir)
+    yield service.address
+    service.stop()
+
+
+@pytest.fixture(scope="module")
+def models(tiny_pair_dirs):
+    target_dir, draft_dir = tiny_pair_dirs
+    return LoadedModel.load(ModelSettings(str(target_dir))), LoadedModel.load(ModelSettings(str(draft_dir)))
+
+
+@pytest.fixture(scope="module")
+def client(stack):
+    with Client(stack.address, timeout_s=60) as c:
+        yield c
+
+
+def random_prompts(count: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 64) for _ in range(rng.randint(2, 10))] for _ in range(count)]
+
+
+def test_greedy_output_is_token_identical_to_target_only(client, models):
+    target, _ = models
+    for gamma in (1, 4):
+        for prompt in random_prompts(6, seed=gamma):
+            expected = target_only_generate(target, prompt, SamplingParams(), MAX_NEW).token_ids
+            reply = client.generate(prompt, max_new_tokens=MAX_NEW, num_speculative_tokens=gamma, include_stats=True)
+            assert list(reply.token_ids) == expected
+            assert reply.stats.rounds >= 1 and reply.stats.drafted_tokens >= reply.stats.accepted_tokens
+
+
+def test_plain_decoding_through_the_verifier(client, models):
+    target, _ = models
+    prompt = [7, 3, 9]
+    reply = client.generate(prompt, max_new_tokens=MAX_NEW, num_speculative_tokens=0, include_stats=True)
+    assert list(reply.token_ids) == target_only_generate(target, prompt, SamplingParams(), MAX_NEW).token_ids
+    assert reply.stats.drafted_tokens == 0 and reply.stats.rounds == len(reply.token_ids)
+
+
+def test_eight_concurrent_requests_each_match_their_reference(client, models):
+    target, _ = models
+    prompts = random_prompts(8, seed=11)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(lambda p: client.generate(p, max_new_tokens=MAX_NEW), prompts))
+    for prompt, reply in zip(prompts, replies):
+        assert list(reply.token_ids) == target_only_generate(target, prompt, SamplingParams(), MAX_NEW).token_ids
+
+
+def test_stream_chunks_concatenate_to_the_unary_result(client):
+    prompt = "w5 w9 w13"
+    unary = client.generate(prompt, max_new_tokens=MAX_NEW, temperature=0.8, seed=3)
+    chunks = list(client.stream(prompt, max_new_tokens=MAX_NEW, temperature=0.8, seed=3))
+    assert "".join(c.text for c in chunks) == unary.text
+    assert [t for c in chunks for t in c.token_ids] == list(unary.token_ids)
+    assert chunks[-1].finish_reason == unary.finish_reason != 0
+    assert all(c.finish_reason == 0 for c in chunks[:-1])
+
+
+def test_stop_strings_end_generation(client):
+    prompt, full = next((p, r) for p in ("w5 w9 w13", "w7 w8", "w30 w2 w2", "w11", "w40 w41")
+                        if len((r := client.generate(p, max_new_tokens=MAX_NEW)).text.split()) > 3)
+    stop = " " + full.text.split()[2]
+    cut = client.generate(prompt, max_new_tokens=MAX_NEW, stop=[stop])
+    assert cut.finish_reason == 2 and stop not in cut.text and full.text.startswith(cut.text)
+
+
+def test_sampled_output_equals_the_in_process_reference_with_and_without_overlap(client, sequential_address, models):
+    """Draws are keyed by (seed, position): the stack, overlapped or not, reproduces the reference loop."""
+    target, draft = models
+    with Client(sequential_address, timeout_s=60) as sequential:
+        for seed in range(6):
+            prompt = random_prompts(1, seed=100 + seed)[0]
+            params = SamplingParams(temperature=1.0, top_k=20, seed=seed)
+            expected = speculative_generate(target, draft, prompt, 3, params, MAX_NEW).token_ids
+            kwargs = dict(max_new_tokens=MAX_NEW, temperature=1.0, top_k=20, seed=seed, num_speculative_tokens=3)
+            assert list(client.generate(prompt, **kwargs).token_ids) == expected
+            assert list(sequential.generate(prompt, **kwargs).token_ids) == expected
+
+
+def test_overlap_reports_predraft_hits(client):
+    reply = client.generate([3, 4, 5], max_new_tokens=60, num_speculative_tokens=2, include_stats=True)
+    stats = reply.stats
+    assert stats.predraft_attempts > 0 and 0 <= stats.predraft_hits <= stats.predraft_attempts
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(prompt=""), "text"),
+    (dict(prompt=[]), "token_ids.ids"),
+    (dict(prompt=[1] * 300), "prompt"),
+    (dict(prompt=[1, 99]), "token_ids.ids"),
+    (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(max_new_tokens=-3), "max_new_tokens"),
+    (dict(max_new_tokens=201), "max_new_tokens"),
+    (dict(temperature=-0.5), "sampling.temperature"),
+    (dict(top_p=0.0), "sampling.top_p"),
+    (dict(top_p=1.5), "sampling.top_p"),
+    (dict(top_k=-1), "sampling.top_k"),
+    (dict(num_speculative_tokens=-1), "num_speculative_tokens"),
+    (dict(num_speculative_tokens=99), "num_speculative_tokens"),
+])
+def test_bad_input_is_invalid_argument_naming_the_field(client, kwargs, field):
+    args = {"prompt": [1, 2, 3], "max_new_tokens": 5, **kwargs}
+    with pytest.raises(grpc.RpcError) as raised:
+        client.generate(args.pop("prompt"), **args)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert raised.value.details().startswith(field), raised.value.details()
+
+
+def test_unknown_session_is_not_found(stack):
+    with grpc.insecure_channel(stack.services["draft"].address) as channel:
+        stub = drafter_pb2_grpc.DrafterStub(channel)
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.Propose(drafter_pb2.ProposeRequest(session_id="nope", base_len=1, num_speculative_tokens=2), timeout=10)
+    assert raised.value.code() == grpc.StatusCode.NOT_FOUND and "session_id" in raised.value.details()
+
+
+def active_sessions(stack) -> tuple[int, int]:
+    counts = []
+    for name, stub_type in (("draft", drafter_pb2_grpc.DrafterStub), ("verify", verifier_pb2_grpc.VerifierStub)):
+        with grpc.insecure_channel(stack.services[name].address) as channel:
+            counts.append(stub_type(channel).Info(common_pb2.InfoRequest(), timeout=10).active_sessions)
+    return counts[0], counts[1]
+
+
+def test_cancelled_stream_leaves_no_session_behind(stack, client):
+    stream = client.stream([2, 4, 6], max_new_tokens=200, num_speculative_tokens=1)
+    next(stream)  # the request is running: both sessions are open
+    stream.cancel()
+    deadline = time.monotonic() + 20
+    while active_sessions(stack) != (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert active_sessions(stack) == (0, 0)
+    assert client.generate([1, 2], max_new_tokens=3).token_ids  # still serving
