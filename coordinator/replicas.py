@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specdec.errors import DownstreamUnavailableError
-from specdec.serving import channel_options
+from specdec.grpc_options import channel_options
 from specdec.v1 import common_pb2
 
 log = logging.getLogger(__name__)

@@ -13,10 +13,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from specdec.grpc_errors import ErrorMappingInterceptor
+from specdec.grpc_options import channel_options
 
 log = logging.getLogger(__name__)
-
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -27,15 +26,17 @@ class RunningServer:
     port: int
     health: health.HealthServicer
     service_names: tuple[str, ...]
+    stop_requested: asyncio.Event
 
-    def set_serving(self, serving: bool) -> None:
+    async def set_serving(self, serving: bool) -> None:
+        """Sets grpc.health.v1 status for the server and each of its services."""
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", *self.service_names):
-            self.health.set(name, status)
+            await self.health.set(name, status)
 
     async def stop(self, grace_s: float) -> None:
         """Stops taking new calls and lets in-flight ones finish for up to grace_s seconds."""
-        self.set_serving(False)
+        await self.set_serving(False)
         await self.server.stop(grace_s)
 
 
@@ -46,11 +47,11 @@ def configure_logging(level: str = "INFO") -> None:
 async def start_server(address: str, register: Callable[[grpc.aio.Server], None], service_names: Sequence[str],
                        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
                        credentials: grpc.ServerCredentials | None = None) -> RunningServer:
-    """Binds address (port 0 picks a free one), registers the servicers, health and reflection, and starts."""
-    server = grpc.aio.server(
-        interceptors=[*interceptors, ErrorMappingInterceptor()],
-        options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+    """Binds address (port 0 picks a free one), registers the servicers, health and reflection, and starts.
+
+    SIGTERM/SIGINT handlers are installed before it returns, so a signal right after start-up drains too.
+    """
+    server = grpc.aio.server(interceptors=[*interceptors, ErrorMappingInterceptor()], options=channel_options())
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -59,28 +60,23 @@ async def start_server(address: str, register: Callable[[grpc.aio.Server], None]
     if port == 0:
         raise OSError(f"could not bind {address}")
     await server.start()
-    running = RunningServer(server, port, health_servicer, tuple(service_names))
-    running.set_serving(True)
+    running = RunningServer(server, port, health_servicer, tuple(service_names), asyncio.Event())
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, running.stop_requested.set)
+    await running.set_serving(True)
     log.info("serving %s on port %d", ", ".join(service_names), port)
     return running
 
 
 async def wait_for_termination(running: RunningServer, grace_s: float) -> None:
     """Serves until SIGTERM/SIGINT, then drains in-flight calls for up to grace_s seconds."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     serving = asyncio.ensure_future(running.server.wait_for_termination())
-    stopping = asyncio.ensure_future(stop.wait())
+    stopping = asyncio.ensure_future(running.stop_requested.wait())
     await asyncio.wait([serving, stopping], return_when=asyncio.FIRST_COMPLETED)
-    if stop.is_set():
+    if running.stop_requested.is_set():
         log.info("signal received: draining for up to %.0fs", grace_s)
         await running.stop(grace_s)
     serving.cancel()
     stopping.cancel()
 
-
-def channel_options() -> list[tuple[str, int]]:
-    """Client channel options matching the servers' message limits."""
-    return [("grpc.max_send_message_length", MAX_MESSAGE_BYTES), ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
