@@ -1,0 +1,42 @@
+"""The committed demo pair: it loads, its two tokenizers match, and greedy speculation reproduces the target."""
+
+from __future__ import annotations
+
+import pytest
+
+from load_tests.prompts import code_prompts
+from specdec.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
+from specdec.model_runtime import LoadedModel, ModelSettings, check_same_vocabulary
+from specdec.reference_loop import speculative_generate, target_only_generate
+from specdec.sampling import SamplingParams
+
+MAX_NEW = 32
+
+pytestmark = pytest.mark.skipif(not (DEMO_TARGET_DIR / "config.json").exists(),
+                                reason=f"the demo pair is not in this checkout ({DEMO_TARGET_DIR} is absent); "
+                                       "train it with `python -m demo_pair.train all`")
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[LoadedModel, LoadedModel]:
+    return LoadedModel.load(ModelSettings(str(DEMO_TARGET_DIR))), LoadedModel.load(ModelSettings(str(DEMO_DRAFT_DIR)))
+
+
+def test_tokenizers_match(pair):
+    target, draft = pair
+    check_same_vocabulary(target.identity, draft.identity)
+    text = "def main(argv=None):\n    return {'α': [1, 2.5]}\n"
+    assert target.tokenizer(text)["input_ids"] == draft.tokenizer(text)["input_ids"]
+    assert target.eos_token_ids == draft.eos_token_ids
+
+
+def test_greedy_speculation_equals_target_only_on_held_out_prompts(pair):
+    target, draft = pair
+    accepted = 0
+    for prompt in code_prompts(5, seed=4):
+        prompt_ids = target.tokenizer(prompt.prompt, add_special_tokens=False)["input_ids"]
+        expected = target_only_generate(target, prompt_ids, SamplingParams(), MAX_NEW)
+        got = speculative_generate(target, draft, prompt_ids, 4, SamplingParams(), MAX_NEW)
+        assert got.token_ids == expected.token_ids, f"prompt from {prompt.source}"
+        accepted += got.stats.accepted
+    assert accepted > 0  # the draft is a real draft of this target, not noise
