@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     args.work_dir.mkdir(parents=True, exist_ok=True)
     tokenizer_dir = args.work_dir / "tokenizer"
 
-    if args.stage in ("tokenizer", "all") or not (tokenizer_dir / "tokenizer.json").exists():
+    if args.stage == "tokenizer" or not (tokenizer_dir / "tokenizer.json").exists():  # training it is deterministic
         train_tokenizer(tokenizer_dir)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
     train_stream, eval_stream = encode_split(tokenizer, False), encode_split(tokenizer, True)
