@@ -1,0 +1,111 @@
+"""Shared by the gRPC benchmarks (overlap, n-gram): prompts, timed requests, per-mode totals, JSON reports.
+
+A benchmark starts one LocalStack (draft, verify and coordinator processes on loopback), so every mode
+it compares talks to the same service processes on the same cores; modes run interleaved, request by
+request or run by run, so drift on a shared machine hits them alike.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pathlib
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from load_tests.prompts import load_prompt_set
+from specdec.client import Client
+from specdec.local_stack import REPO_ROOT
+
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+QUICK_RESULTS_DIR = pathlib.Path(tempfile.gettempdir()) / "specdec-benchmarks"
+
+
+@dataclass
+class RequestRun:
+    """One completed request as the client saw it."""
+
+    token_ids: list[int]
+    seconds: float
+    rounds: int
+    drafted: int
+    accepted: int
+    predraft_attempts: int
+    predraft_hits: int
+    draft_ns: int
+    verify_ns: int
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.predraft_hits / self.predraft_attempts if self.predraft_attempts else None
+
+
+def timed_generate(client: Client, prompt: str | Sequence[int], **kwargs) -> RequestRun:
+    """One Generate call with stats, timed at the client (prefill, every round and the wire included)."""
+    started = time.perf_counter()
+    reply = client.generate(prompt, include_stats=True, **kwargs)
+    seconds = time.perf_counter() - started
+    stats = reply.stats
+    return RequestRun(list(reply.token_ids), seconds, stats.rounds, stats.drafted_tokens, stats.accepted_tokens,
+                      stats.predraft_attempts, stats.predraft_hits, stats.draft_ns, stats.verify_ns)
+
+
+def totals(runs: Iterable[RequestRun]) -> dict:
+    """Figures of a batch of requests of one mode: throughput over the summed wall time, α, hit rate."""
+    runs = list(runs)
+    tokens = sum(len(r.token_ids) for r in runs)
+    seconds = sum(r.seconds for r in runs)
+    rounds = sum(r.rounds for r in runs)
+    drafted = sum(r.drafted for r in runs)
+    accepted = sum(r.accepted for r in runs)
+    attempts = sum(r.predraft_attempts for r in runs)
+    hits = sum(r.predraft_hits for r in runs)
+    return {
+        "requests": len(runs),
+        "tokens": tokens,
+        "seconds": round(seconds, 4),
+        "tokens_per_s": round(tokens / seconds, 3) if seconds else 0.0,
+        "rounds": rounds,
+        "drafted_tokens": drafted,
+        "accepted_tokens": accepted,
+        "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+        "mean_accepted_length": round((accepted + rounds) / rounds, 4) if rounds else None,
+        "drafted_per_round": round(drafted / rounds, 3) if rounds else None,
+        "predraft_attempts": attempts,
+        "predraft_hits": hits,
+        "predraft_hit_rate": round(hits / attempts, 4) if attempts else None,
+        "draft_ms_per_round": round(sum(r.draft_ns for r in runs) / rounds / 1e6, 3) if rounds else None,
+        "verify_ms_per_round": round(sum(r.verify_ns for r in runs) / rounds / 1e6, 3) if rounds else None,
+    }
+
+
+def prompt_texts(set_name: str, count: int, seed: int = 0) -> list[str]:
+    """`count` prompts of a load_tests prompt set ("code", "grounded", or "words" for the tiny test models)."""
+    return [p.prompt for p in load_prompt_set(set_name, count, seed=seed)]
+
+
+def environment(**extra) -> dict:
+    """What the figures were measured on."""
+    import torch
+    import transformers
+
+    return {"measured_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores", **extra}
+
+
+def results_dir(out_dir: pathlib.Path | None, quick: bool) -> pathlib.Path:
+    """Where a report goes: --out-dir, else the committed results folder (a temp folder for --quick runs)."""
+    directory = out_dir or (QUICK_RESULTS_DIR if quick else RESULTS_DIR)
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def write_json(path: pathlib.Path, report: dict) -> None:
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}", flush=True)
