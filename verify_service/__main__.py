@@ -1,4 +1,8 @@
-"""Entry point: `python -m verify_service [--model DIR] [--address HOST:PORT] ...` (see --help)."""
+"""Entry point: `python -m verify_service [--model DIR] [--address HOST:PORT] ...` (see --help).
+
+`--tensor-parallel-size N` (N > 1) shards the target over N ranks: this process is rank 0 and serves gRPC,
+`--tp-launcher local|ray` starts the others (verify_service/tensor_parallel.py, rank_launchers.py).
+"""
 
 from __future__ import annotations
 
@@ -6,21 +10,44 @@ import asyncio
 import sys
 
 from specdec.model_runtime import LoadedModel, ModelSettings
-from specdec.serving import configure_logging, start_server, wait_for_termination
+from specdec.serving import RunningServer, configure_logging, start_server, wait_for_termination
 from specdec.settings import parse_settings
 from specdec.v1 import verifier_pb2, verifier_pb2_grpc
 from verify_service.servicer import VerifierServicer
 from verify_service.service import VerifyService
 from verify_service.settings import VerifySettings
+from verify_service.tensor_parallel import TensorParallelLeader
 
 
 async def serve(settings: VerifySettings) -> None:
-    model = LoadedModel.load(ModelSettings(settings.model, settings.device, settings.dtype, settings.threads))
-    servicer = VerifierServicer(VerifyService(settings, model))
-    running = await start_server(settings.address, lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s),
-                                 [verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name])
-    print(f"verify service listening on port {running.port}", flush=True)
-    await wait_for_termination(running, settings.grace_s)
+    ranks = None
+    if settings.tensor_parallel_size > 1:
+        from verify_service.rank_launchers import make_launcher
+
+        ranks = TensorParallelLeader.start(settings, make_launcher(settings))
+        model = ranks.model
+    else:
+        model = LoadedModel.load(ModelSettings(settings.model, settings.device, settings.dtype, settings.threads))
+    servicer = VerifierServicer(VerifyService(settings, model, ranks), settings.tensor_parallel_size)
+    try:
+        running = await start_server(settings.address,
+                                     lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s),
+                                     [verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name])
+        if ranks is not None:
+            loop = asyncio.get_running_loop()
+            ranks.on_failure(lambda reason: asyncio.run_coroutine_threadsafe(_stop_serving(running, servicer), loop))
+        print(f"verify service listening on port {running.port}", flush=True)
+        await wait_for_termination(running, settings.grace_s)
+    finally:
+        servicer.close()
+        if ranks is not None:
+            ranks.close()
+
+
+async def _stop_serving(running: RunningServer, servicer: VerifierServicer) -> None:
+    """A rank failed: calls in flight fail UNAVAILABLE, health NOT_SERVING (the process stays up to say so)."""
+    servicer.ranks_failed()
+    await running.set_serving(False)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,6 +15,7 @@ from specdec.sampling import SamplingParams, Verdict
 from specdec.session_store import SessionStore
 from specdec.verification import VerifyTiming, verify_round
 from verify_service.settings import VerifySettings
+from verify_service.tensor_parallel import TensorParallelLeader
 
 
 @dataclass
@@ -29,18 +30,26 @@ class TargetSession:
 
 
 class VerifyService:
-    """Holds target sessions and answers open / verify / close."""
+    """Holds target sessions and answers open / verify / close.
 
-    def __init__(self, settings: VerifySettings, model: LoadedModel):
+    Under tensor parallelism `ranks` is rank 0's TensorParallelLeader: sessions then run their forwards on
+    a MirroredModel, so every rank runs them, and the sampler still runs once, here.
+    """
+
+    def __init__(self, settings: VerifySettings, model: LoadedModel, ranks: TensorParallelLeader | None = None):
         self.settings = settings
         self.model = model
+        self.ranks = ranks
         self.sessions: SessionStore[TargetSession] = SessionStore(settings.max_sessions, lambda s: s.kv.cached_len)
+
+    def _session_model(self, session_id: str):
+        return self.model if self.ranks is None else self.ranks.session_model(session_id)
 
     def open(self, session_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> int:
         """Opens a session and prefills all prompt tokens but the last; returns the prefill time in ns."""
         self.sessions.reserve(session_id)
         started = time.perf_counter_ns()
-        kv = KVSession(self.model, prompt_ids)
+        kv = KVSession(self._session_model(session_id), prompt_ids)
         kv.prefill()
         self.sessions.add(session_id, TargetSession(kv, params))
         return time.perf_counter_ns() - started
@@ -56,4 +65,7 @@ class VerifyService:
         return verdict, timing, len(session)
 
     def close(self, session_id: str) -> bool:
-        return self.sessions.close(session_id)
+        closed = self.sessions.close(session_id)
+        if closed and self.ranks is not None:
+            self.ranks.close_session(session_id)
+        return closed

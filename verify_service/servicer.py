@@ -5,21 +5,50 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
+from specdec.errors import DownstreamUnavailableError
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from specdec.wire import check_token_ids, probs_from_proto, sampling_from_proto
 from verify_service.service import VerifyService
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
-    """Thin shell over VerifyService; model work runs on one worker thread so the event loop stays free."""
+    """Thin shell over VerifyService; model work runs on one worker thread so the event loop stays free.
+
+    Under tensor parallelism a failed rank group fails the calls in flight at once (`ranks_failed`, called
+    on the event loop), even while the model thread is still stuck in a collective, and every later call.
+    """
 
     def __init__(self, service: VerifyService, tensor_parallel_size: int = 1):
         self.service = service
         self.tensor_parallel_size = tensor_parallel_size
         self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-model")
+        self._ranks_failed = asyncio.Event()
+
+    def ranks_failed(self) -> None:
+        """The tensor-parallel group failed: wake the calls waiting on it."""
+        self._ranks_failed.set()
 
     async def _run(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self._model_thread, fn, *args)
+        ranks = self.service.ranks
+        if ranks is None:
+            return await asyncio.get_running_loop().run_in_executor(self._model_thread, fn, *args)
+        ranks.raise_if_failed()
+        work = asyncio.get_running_loop().run_in_executor(self._model_thread, fn, *args)
+        failed = asyncio.ensure_future(self._ranks_failed.wait())
+        try:
+            await asyncio.wait([work, failed], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            failed.cancel()
+        if work.done():
+            return work.result()
+        work.add_done_callback(lambda f: f.cancelled() or f.exception())  # a stuck step ends later, already reported
+        ranks.raise_if_failed()
+        raise DownstreamUnavailableError("tensor-parallel ranks unavailable")
+
+    def close(self) -> None:
+        """Ends the model thread once the server has stopped (without waiting for a step stuck on failed ranks)."""
+        ranks = self.service.ranks
+        self._model_thread.shutdown(wait=ranks is None or ranks.failure is None, cancel_futures=True)
 
     async def OpenSession(self, request: verifier_pb2.OpenVerifySessionRequest, context) -> verifier_pb2.OpenVerifySessionResponse:
         prompt = check_token_ids(request.prompt_token_ids, self.service.model.vocab_size, "prompt_token_ids")
