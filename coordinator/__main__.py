@@ -15,6 +15,7 @@ from coordinator.settings import CoordinatorSettings
 from specdec.model_runtime import VocabularyIdentity, check_same_vocabulary, tokenizer_sha256
 from specdec.serving import configure_logging, start_server, wait_for_termination
 from specdec.settings import parse_settings
+from specdec.telemetry import start_telemetry
 from specdec.v1 import coordinator_pb2, coordinator_pb2_grpc, drafter_pb2_grpc, verifier_pb2_grpc
 
 log = logging.getLogger("coordinator")
@@ -61,6 +62,7 @@ async def build_servicer(settings: CoordinatorSettings) -> CoordinatorServicer:
 
 
 async def serve(settings: CoordinatorSettings) -> None:
+    start_telemetry("coordinator", settings)
     servicer = await build_servicer(settings)
     running = await start_server(settings.address,
                                  lambda s: coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, s),

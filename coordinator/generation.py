@@ -5,19 +5,25 @@ drafter already drafts block k+1 under the guess "all of block k accepted, and t
 draft's own next token". A verdict that matches the guess sends the pre-drafted block straight to the
 verifier; any other verdict discards it, and the next Propose's base_len rolls the drafter back.
 Draws are keyed by (seed, position), so both modes commit the same tokens.
+
+Each loop iteration is one round: [propose block k,] verify block k (pre-drafting block k+1 meanwhile),
+commit. Stats, metrics and spans are fed from the same figures (coordinator/request_telemetry.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
+from opentelemetry.context import Context
 
 from coordinator.replicas import Replica
+from coordinator.request_telemetry import RemoteCall, RequestTelemetry
 from coordinator.text_stream import Chunk, TextStream
 from specdec.errors import DownstreamUnavailableError
 from specdec.sampling import SamplingParams
@@ -77,12 +83,14 @@ class Generation:
     """Runs one request on one draft and one verify replica, yielding a Chunk per committed round."""
 
     def __init__(self, plan: GenerationPlan, draft: Replica | None, verify: Replica, text: TextStream,
-                 call_timeout_s: float):
+                 call_timeout_s: float, telemetry: RequestTelemetry | None = None):
         self.plan = plan
         self.draft = draft if plan.gamma > 0 else None
         self.verify = verify
         self.text = text
         self.timeout = call_timeout_s
+        self.telemetry = telemetry or RequestTelemetry()
+        self.metrics = self.telemetry.metrics
         self.stats = RequestStats()
         self.committed: list[int] = list(plan.prompt_ids)
         self.draft_synced_len = len(plan.prompt_ids)  # committed prefix the drafter is known to hold
@@ -98,34 +106,52 @@ class Generation:
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         """Opens both sessions, runs rounds until a stop rule fires, and always closes the sessions."""
-        try:
-            await self._open_sessions()
-            async for chunk in self._rounds():
-                yield chunk
-                if chunk.finish_reason:
-                    return
-        finally:
-            self.stats.total_ns = self.elapsed_ns()
-            await asyncio.shield(self._close_sessions())
+        plan = self.plan
+        with self.telemetry.request(plan.request_id, len(plan.prompt_ids), plan.gamma, plan.overlap):
+            try:
+                await self._open_sessions()
+                async with contextlib.aclosing(self._rounds()) as rounds:  # ends after the chunk with a finish reason
+                    async for chunk in rounds:
+                        self.telemetry.emitted(len(chunk.token_ids))
+                        yield chunk
+            finally:
+                self.stats.total_ns = self.elapsed_ns()
+                await asyncio.shield(self._close_sessions())
+                stats = self.stats
+                self.telemetry.finished(self.text.finish_reason or "incomplete", rounds=stats.rounds,
+                                        drafted_tokens=stats.drafted, accepted_tokens=stats.accepted,
+                                        generated_tokens=len(self.text.token_ids))
 
     async def _open_sessions(self) -> None:
         started = time.perf_counter_ns()
         sampling = sampling_to_proto(self.plan.params)
-        calls = [self._call(self.verify, "OpenSession", verifier_pb2.OpenVerifySessionRequest(
-            session_id=self.plan.request_id, prompt_token_ids=self.plan.prompt_ids, sampling=sampling))]
-        if self.draft is not None:
-            calls.append(self._call(self.draft, "OpenSession", drafter_pb2.OpenDraftSessionRequest(
-                session_id=self.plan.request_id, prompt_token_ids=self.plan.prompt_ids, sampling=sampling,
-                draft_method=self.plan.draft_method)))
-        await asyncio.gather(*calls)
+        with self.telemetry.stage("open_sessions") as parent:
+            calls = [self._open(self.verify, "verify", parent, verifier_pb2.OpenVerifySessionRequest(
+                session_id=self.plan.request_id, prompt_token_ids=self.plan.prompt_ids, sampling=sampling))]
+            if self.draft is not None:
+                calls.append(self._open(self.draft, "draft", parent, drafter_pb2.OpenDraftSessionRequest(
+                    session_id=self.plan.request_id, prompt_token_ids=self.plan.prompt_ids, sampling=sampling,
+                    draft_method=self.plan.draft_method)))
+            await asyncio.gather(*calls)
         self.stats.prefill_ns = time.perf_counter_ns() - started
+        self.metrics.stage_ns(prefill=self.stats.prefill_ns)
+
+    async def _open(self, replica: Replica, lane: str, parent: Context, request) -> None:
+        with self.telemetry.remote_call(f"{lane}.open_session", parent) as call:
+            reply = await self._call(replica, "OpenSession", request)
+            call.inside(f"{lane}.prefill", lane, reply.prefill_ns)
 
     async def _close_sessions(self) -> None:
         request = common_pb2.CloseSessionRequest(session_id=self.plan.request_id)
-        replicas = [r for r in (self.verify, self.draft) if r is not None]
-        results = await asyncio.gather(*(r.stub.CloseSession(request, timeout=self.timeout) for r in replicas),
-                                       return_exceptions=True)
-        for replica, result in zip(replicas, results):
+        replicas = [(r, lane) for r, lane in ((self.verify, "verify"), (self.draft, "draft")) if r is not None]
+
+        async def close(replica: Replica, lane: str, parent: Context) -> None:
+            with self.telemetry.remote_call(f"{lane}.close_session", parent):
+                await replica.stub.CloseSession(request, timeout=self.timeout)
+
+        with self.telemetry.stage("close_sessions") as parent:
+            results = await asyncio.gather(*(close(r, lane, parent) for r, lane in replicas), return_exceptions=True)
+        for (replica, _), result in zip(replicas, results):
             if isinstance(result, Exception):
                 log.warning("request %s: closing its session on %s failed: %s", self.plan.request_id,
                             replica.address, result)
@@ -140,78 +166,110 @@ class Generation:
                                                  f"{error.details()}") from error
             raise
 
+    def _count_call(self, label: str, call: RemoteCall, **stage_ns: int) -> None:
+        """Adds one round call's service-side stage times and its wire time to the stats and the metrics."""
+        for stage, ns in stage_ns.items():
+            setattr(self.stats, f"{stage}_ns", getattr(self.stats, f"{stage}_ns") + ns)
+        self.stats.wire_ns += call.wire_ns
+        self.stats.round_timeline.append((label, call.started_ns - self._started_ns, call.ended_ns - self._started_ns))
+        self.metrics.stage_ns(wire=call.wire_ns, **stage_ns)
+
     def _block_size(self, tokens_before: int) -> int:
         """γ for a block that starts after tokens_before more commits: never draft past the token budget."""
         return max(0, min(self.plan.gamma, self.remaining - tokens_before - 1))
 
-    async def _propose(self, base_len: int, appended: Sequence[int], num_tokens: int) -> DraftBlock:
-        started = time.perf_counter_ns()
-        reply = await self._call(self.draft, "Propose", drafter_pb2.ProposeRequest(
-            session_id=self.plan.request_id, base_len=base_len, appended_token_ids=appended,
-            num_speculative_tokens=num_tokens))
-        ended = time.perf_counter_ns()
-        self.stats.draft_ns += reply.draft_ns
-        self.stats.wire_ns += (ended - started) - reply.draft_ns
-        self.stats.round_timeline.append(("draft", started - self._started_ns, ended - self._started_ns))
+    async def _propose(self, base_len: int, appended: Sequence[int], num_tokens: int, round_span: Context,
+                       predraft: bool = False) -> DraftBlock:
+        with self.telemetry.remote_call("draft.propose", round_span, base_len=base_len, num_tokens=num_tokens,
+                                        predraft=predraft) as call:
+            reply = await self._call(self.draft, "Propose", drafter_pb2.ProposeRequest(
+                session_id=self.plan.request_id, base_len=base_len, appended_token_ids=appended,
+                num_speculative_tokens=num_tokens))
+            call.inside("draft.forward", "draft", reply.draft_ns)
+        self._count_call("draft", call, draft=reply.draft_ns)
         probs = reply.draft_probs if reply.HasField("draft_probs") and reply.draft_probs.rows else None
         return DraftBlock(list(reply.draft_token_ids), probs)
 
-    async def _sync_and_propose(self) -> DraftBlock:
+    async def _sync_and_propose(self, round_span: Context) -> DraftBlock:
         """Propose after syncing the drafter to the committed sequence (base_len + what it has not seen)."""
         num_tokens = self._block_size(0)
         if self.draft is None or num_tokens == 0:
             return DraftBlock([], None)
-        block = await self._propose(self.draft_synced_len, self.committed[self.draft_synced_len:], num_tokens)
+        block = await self._propose(self.draft_synced_len, self.committed[self.draft_synced_len:], num_tokens,
+                                    round_span)
         self.draft_synced_len = len(self.committed)
         return block
 
-    async def _verify(self, block: DraftBlock) -> verifier_pb2.VerifyResponse:
-        started = time.perf_counter_ns()
-        reply = await self._call(self.verify, "Verify", verifier_pb2.VerifyRequest(
-            session_id=self.plan.request_id, base_len=len(self.committed), draft_token_ids=block.token_ids,
-            draft_probs=block.probs))
-        ended = time.perf_counter_ns()
-        self.stats.verify_ns += reply.forward_ns
-        self.stats.sampling_ns += reply.sampling_ns
-        self.stats.wire_ns += (ended - started) - reply.forward_ns - reply.sampling_ns
-        self.stats.round_timeline.append(("verify", started - self._started_ns, ended - self._started_ns))
+    def _start_predraft(self, block: DraftBlock, round_span: Context) -> asyncio.Future | None:
+        """Guess: all of block k accepted; the drafter drafts its own bonus guess, then block k+1."""
+        size = self._block_size(len(block.token_ids) + 1) if self.plan.overlap else 0
+        if self.draft is None or not block.token_ids or size <= 0:
+            return None
+        self.stats.predraft_attempts += 1
+        self.metrics.predraft_attempts.inc()
+        return asyncio.ensure_future(self._propose(len(self.committed) + len(block.token_ids), [], size + 1,
+                                                   round_span, predraft=True))
+
+    async def _take_predraft(self, predraft: asyncio.Future | None, block: DraftBlock,
+                             verdict: verifier_pb2.VerifyResponse) -> DraftBlock | None:
+        """The pre-drafted next block when the verdict matches its guess, else None (draft afresh)."""
+        if predraft is None:
+            return None
+        guessed = await predraft
+        all_accepted = len(verdict.accepted_token_ids) == len(block.token_ids)
+        if not (all_accepted and guessed.token_ids[:1] == [verdict.next_token_id]):
+            return None
+        self.stats.predraft_hits += 1
+        self.metrics.predraft_hits.inc()
+        self.draft_synced_len = len(self.committed)
+        tail = guessed.tail()
+        return tail if tail.token_ids else None
+
+    async def _verify(self, block: DraftBlock, round_span: Context) -> verifier_pb2.VerifyResponse:
+        with self.telemetry.remote_call("verify", round_span, base_len=len(self.committed),
+                                        num_tokens=len(block.token_ids)) as call:
+            reply = await self._call(self.verify, "Verify", verifier_pb2.VerifyRequest(
+                session_id=self.plan.request_id, base_len=len(self.committed), draft_token_ids=block.token_ids,
+                draft_probs=block.probs))
+            call.inside("verify.forward", "verify", reply.forward_ns)
+            call.inside("verify.sampling", "verify", reply.sampling_ns)
+        self._count_call("verify", call, verify=reply.forward_ns, sampling=reply.sampling_ns)
         return reply
 
-    async def _rounds(self) -> AsyncIterator[Chunk]:
-        block = await self._sync_and_propose()
-        while True:
-            predraft_size = self._block_size(len(block.token_ids) + 1) if self.plan.overlap else 0
-            predraft = None
-            if self.draft is not None and block.token_ids and predraft_size > 0:
-                # Guess: all of block k accepted; the drafter drafts its own bonus guess, then block k+1.
-                predraft = asyncio.ensure_future(self._propose(
-                    len(self.committed) + len(block.token_ids), [], predraft_size + 1))
-                self.stats.predraft_attempts += 1
-            try:
-                verdict = await self._verify(block)
-            except BaseException:
-                if predraft is not None:
-                    predraft.cancel()
-                raise
-            new_tokens = [*verdict.accepted_token_ids, verdict.next_token_id]
-            base_len = len(self.committed)
-            self.stats.record(len(block.token_ids), len(verdict.accepted_token_ids))
-            self.committed.extend(new_tokens)
+    def _commit(self, block: DraftBlock, verdict: verifier_pb2.VerifyResponse, round_span: Context) -> Chunk:
+        """Appends the accepted tokens and the recovered/bonus token; the rejected rest is rolled back
+        (the verifier already truncated; the drafter truncates on its next call's base_len)."""
+        drafted, accepted = len(block.token_ids), len(verdict.accepted_token_ids)
+        base_len = len(self.committed)
+        with self.telemetry.stage("commit", round_span, base_len=base_len, drafted=drafted, accepted=accepted,
+                                  rolled_back=drafted - accepted):
+            self.stats.record(drafted, accepted)
+            self.metrics.round_committed(drafted, accepted)
+            self.committed.extend([*verdict.accepted_token_ids, verdict.next_token_id])
             # The drafter already holds the accepted prefix of its block.
-            self.draft_synced_len = base_len + len(verdict.accepted_token_ids)
-            chunk = self.text.add(new_tokens)
-            yield chunk
-            if chunk.finish_reason or self.remaining <= 0:
-                if predraft is not None:
+            self.draft_synced_len = base_len + accepted
+            return self.text.add([*verdict.accepted_token_ids, verdict.next_token_id])
+
+    async def _rounds(self) -> AsyncIterator[Chunk]:
+        block: DraftBlock | None = None
+        while True:
+            with self.telemetry.round() as round_span:
+                if block is None:
+                    block = await self._sync_and_propose(round_span)
+                predraft = self._start_predraft(block, round_span)
+                try:
+                    verdict = await self._verify(block, round_span)
+                except BaseException:
+                    if predraft is not None:
+                        predraft.cancel()
+                    raise
+                chunk = self._commit(block, verdict, round_span)
+                finished = bool(chunk.finish_reason) or self.remaining <= 0
+                if finished and predraft is not None:
+                    # Not needed: cancelled before the last chunk (and its stats) go out, so neither counts it.
+                    predraft.cancel()
                     await asyncio.gather(predraft, return_exceptions=True)
-                return
-            if predraft is not None:
-                guessed = await predraft
-                all_accepted = len(verdict.accepted_token_ids) == len(block.token_ids)
-                if all_accepted and guessed.token_ids[:1] == [verdict.next_token_id]:
-                    self.stats.predraft_hits += 1
-                    self.draft_synced_len = len(self.committed)
-                    block = guessed.tail()
-                    if block.token_ids:
-                        continue
-            block = await self._sync_and_propose()
+                yield chunk
+                if finished:
+                    return
+                block = await self._take_predraft(predraft, block, verdict)

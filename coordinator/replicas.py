@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specdec.errors import DownstreamUnavailableError
 from specdec.grpc_options import channel_options
+from specdec.telemetry.grpc_telemetry import trace_context_interceptors
 from specdec.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,8 @@ class ReplicaPool(Generic[StubT]):
         self.kind = kind
         self.replicas: list[Replica[StubT]] = []
         for address in expand_addresses(addresses):
-            channel = grpc.aio.insecure_channel(address, options=channel_options())
+            channel = grpc.aio.insecure_channel(address, options=channel_options(),
+                                                interceptors=trace_context_interceptors())
             self.replicas.append(Replica(address, channel, make_stub(channel)))
 
     def acquire(self) -> Replica[StubT]:

@@ -9,6 +9,7 @@ from transformers import PreTrainedTokenizerBase
 
 from coordinator.generation import Generation, GenerationPlan, RequestStats
 from coordinator.replicas import ReplicaPool
+from coordinator.request_telemetry import RequestTelemetry
 from coordinator.settings import CoordinatorSettings
 from coordinator.text_stream import TextStream
 from coordinator.validation import plan_request
@@ -43,11 +44,12 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self.verify_pool = verify_pool
 
     async def _run(self, request: coordinator_pb2.GenerateRequest) -> AsyncIterator[coordinator_pb2.GenerateStreamResponse]:
+        telemetry = RequestTelemetry()  # TTFT counts from here
         plan = plan_request(request, self.settings, self.tokenizer, self.vocab_size)
         text = TextStream(self.tokenizer, self.eos_token_ids, list(request.stop), plan.max_new_tokens)
         verify = self.verify_pool.acquire()
         draft = self.draft_pool.acquire() if plan.gamma > 0 else None
-        generation = Generation(plan, draft, verify, text, self.settings.call_timeout_s)
+        generation = Generation(plan, draft, verify, text, self.settings.call_timeout_s, telemetry)
         try:
             async for chunk in generation.chunks():
                 reply = coordinator_pb2.GenerateStreamResponse(

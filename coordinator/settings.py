@@ -26,4 +26,7 @@ class CoordinatorSettings:
     startup_timeout_s: float = setting(300.0, "how long to wait for the replicas to come up")
     grace_s: float = setting(10.0, "seconds in-flight requests get to finish after SIGTERM")
     metrics_port: int = setting(0, "port for Prometheus /metrics (0 = off)")
+    trace_exporter: str = setting("none", "where spans go: none, console, otlp (OTEL_EXPORTER_OTLP_* variables), "
+                                          "jsonl:PATH, memory; comma-separated")
+    trace_sample_ratio: float = setting(1.0, "share of new traces recorded (parent-based: callers' choice wins)")
     log_level: str = setting("INFO", "logging level")

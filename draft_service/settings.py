@@ -26,4 +26,7 @@ class DraftSettings:
     ngram_max_proposal: int = setting(10, "n-gram drafter: most tokens proposed per round")
     grace_s: float = setting(10.0, "seconds in-flight calls get to finish after SIGTERM")
     metrics_port: int = setting(0, "port for Prometheus /metrics (0 = off)")
+    trace_exporter: str = setting("none", "where spans go: none, console, otlp (OTEL_EXPORTER_OTLP_* variables), "
+                                          "jsonl:PATH, memory; comma-separated")
+    trace_sample_ratio: float = setting(1.0, "share of new traces recorded (parent-based: callers' choice wins)")
     log_level: str = setting("INFO", "logging level")

@@ -71,19 +71,22 @@ class LocalStack:
     draft_args: Sequence[str] = ()
     verify_args: Sequence[str] = ()
     coordinator_args: Sequence[str] = ()
+    env: dict[str, str] = field(default_factory=dict)  # extra environment variables for all three processes
     log_dir: pathlib.Path = field(default_factory=lambda: pathlib.Path(tempfile.mkdtemp(prefix="specdec-")))
     services: dict[str, ServiceProcess] = field(default_factory=dict)
 
     def start(self) -> LocalStack:
         try:
             self.services["draft"] = start_service("draft", "draft_service", ["--model", self.draft, *self.draft_args],
-                                                   self.log_dir)
+                                                   self.log_dir, env=self.env)
             self.services["verify"] = start_service("verify", "verify_service",
-                                                    ["--model", self.target, *self.verify_args], self.log_dir)
+                                                    ["--model", self.target, *self.verify_args], self.log_dir,
+                                                    env=self.env)
             self.services["coordinator"] = start_service(
                 "coordinator", "coordinator",
                 ["--tokenizer", self.target, "--draft-replicas", self.services["draft"].address,
-                 "--verify-replicas", self.services["verify"].address, *self.coordinator_args], self.log_dir)
+                 "--verify-replicas", self.services["verify"].address, *self.coordinator_args], self.log_dir,
+                env=self.env)
         except BaseException:
             self.stop()
             raise

@@ -14,6 +14,8 @@ from grpc_reflection.v1alpha import reflection
 
 from specdec.grpc_errors import ErrorMappingInterceptor
 from specdec.grpc_options import channel_options
+from specdec.telemetry.grpc_telemetry import ServerTelemetryInterceptor, role_of
+from specdec.telemetry.tracing import setup_tracing_from_env
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +53,9 @@ async def start_server(address: str, register: Callable[[grpc.aio.Server], None]
 
     SIGTERM/SIGINT handlers are installed before it returns, so a signal right after start-up drains too.
     """
-    server = grpc.aio.server(interceptors=[*interceptors, ErrorMappingInterceptor()], options=channel_options())
+    setup_tracing_from_env(role_of(service_names))  # no-op where the service set tracing up from its settings
+    server = grpc.aio.server(interceptors=[ServerTelemetryInterceptor(), *interceptors, ErrorMappingInterceptor()],
+                             options=channel_options())
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -53,5 +53,5 @@ class SessionStore(Generic[SessionT]):
         return self._sessions.pop(session_id, None) is not None
 
     def kv_cache_tokens(self) -> int:
-        """Tokens held in KV caches over all open sessions."""
-        return sum(self._kv_tokens(s) for s in self._sessions.values())
+        """Tokens held in KV caches over all open sessions (safe to call from another thread: /metrics)."""
+        return sum(self._kv_tokens(s) for s in list(self._sessions.values()))

@@ -1,0 +1,35 @@
+"""The coordinator's speculation metrics count what SpeculationStats counts."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from specdec.speculation_stats import SpeculationStats
+from specdec.telemetry.metrics import SpeculationMetrics, session_gauges
+
+
+def test_round_counters_match_speculation_stats():
+    registry = CollectorRegistry()
+    metrics, stats = SpeculationMetrics(registry), SpeculationStats()
+    for drafted, accepted in [(4, 4), (4, 1), (2, 0), (0, 0), (3, 2)]:
+        stats.record(drafted, accepted)
+        metrics.round_committed(drafted, accepted)
+
+    def value(name, **labels):
+        return registry.get_sample_value(name, labels) or 0
+
+    assert value("specdec_rounds_total") == stats.rounds == value("specdec_tokens_per_round_count")
+    assert value("specdec_drafted_tokens_total") == stats.drafted
+    assert value("specdec_accepted_tokens_total") == stats.accepted
+    assert value("specdec_tokens_per_round_sum") / value("specdec_tokens_per_round_count") == stats.mean_accepted_length
+    for position, (drafted, accepted) in enumerate(zip(stats.drafted_per_position, stats.accepted_per_position)):
+        assert value("specdec_drafted_tokens_by_position_total", position=str(position)) == drafted
+        assert value("specdec_accepted_tokens_by_position_total", position=str(position)) == accepted
+
+
+def test_session_gauges_are_read_at_scrape_time():
+    registry, sessions = CollectorRegistry(), {"a": 5}
+    session_gauges(lambda: len(sessions), lambda: sum(sessions.values()), registry)
+    sessions["b"] = 7
+    assert registry.get_sample_value("specdec_active_sessions") == 2
+    assert registry.get_sample_value("specdec_kv_cache_tokens") == 12
