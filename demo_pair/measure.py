@@ -250,7 +250,8 @@ def model_card(role: str, model_dir: pathlib.Path, partner_dir: pathlib.Path, me
         f"{t0['mean_accepted_length']:.2f} tokens/round) |",
         f"| acceptance rate α, temperature 1 | **{t1['acceptance_rate']:.3f}** (mean accepted length "
         f"{t1['mean_accepted_length']:.2f} tokens/round) |",
-        f"| α by draft position, temperature 0 | {', '.join(f'{a:.2f}' for a in t0['acceptance_by_position'] if a is not None)} |",
+        f"| share of rounds whose draft token 1, 2, … was accepted, temperature 0 | "
+        f"{', '.join(f'{a:.2f}' for a in t0['acceptance_by_position'] if a is not None)} |",
         f"| target step (1 token, warm cache) | {steps['target_step_ms']:.2f} ms |",
         f"| draft step (1 token, warm cache) | {steps['draft_step_ms']:.2f} ms |",
         f"| target scoring {gamma + 1} tokens at once | {steps[f'target_verify_{gamma + 1}_tokens_ms']:.2f} ms "
@@ -296,7 +297,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--step-repeats", type=int, default=25, help="turns per model when timing steps (x8 calls)")
     parser.add_argument("--seed", type=int, default=0, help="prompt selection seed")
     parser.add_argument("--no-write", action="store_true", help="print the figures, write nothing")
+    parser.add_argument("--cards-only", action="store_true",
+                        help="measure nothing: rewrite each README.md from the measurements.json already there")
     args = parser.parse_args(argv)
+    if args.cards_only:
+        measurements = json.loads((args.target_dir / "measurements.json").read_text())
+        write_cards(args.target_dir, args.draft_dir, measurements)
+        return measurements
 
     torch.set_num_threads(args.threads)
     target = LoadedModel.load(ModelSettings(str(args.target_dir), threads=args.threads))
@@ -345,12 +352,16 @@ def main(argv: list[str] | None = None) -> dict:
                       "held_out_loss_draft": trainings["draft"].get("held_out_loss"),
                       "speedup_bound_temperature_0": pair["speedup_bound_temperature_0"]}, indent=2))
     if not args.no_write:
-        for role, model_dir, partner_dir in (("target", args.target_dir, args.draft_dir),
-                                             ("draft", args.draft_dir, args.target_dir)):
+        for model_dir in (args.target_dir, args.draft_dir):
             (model_dir / "measurements.json").write_text(json.dumps(measurements, indent=2) + "\n")
-            (model_dir / "README.md").write_text(model_card(role, model_dir, partner_dir, measurements))
-            print(f"wrote {model_dir / 'measurements.json'} and {model_dir / 'README.md'}")
+        write_cards(args.target_dir, args.draft_dir, measurements)
     return measurements
+
+
+def write_cards(target_dir: pathlib.Path, draft_dir: pathlib.Path, measurements: dict) -> None:
+    for role, model_dir, partner_dir in (("target", target_dir, draft_dir), ("draft", draft_dir, target_dir)):
+        (model_dir / "README.md").write_text(model_card(role, model_dir, partner_dir, measurements))
+        print(f"wrote {model_dir / 'README.md'}")
 
 
 if __name__ == "__main__":
