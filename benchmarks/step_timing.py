@@ -6,8 +6,8 @@ context length. Three ways of running one decode step are timed, interleaved so 
 
 - bare forward: `model(input_ids=..., cache=..., use_cache=True)` inside `torch.inference_mode()`;
 - runtime forward: `LoadedModel.forward` (what c is measured with);
-- session step: `KVSession.extend([token])`, the call the project's decoding loops make per token (it also
-  re-feeds the previous token, so it scores 2 positions).
+- session step: `KVSession.extend([token], score_previous=False)`, the call the project's decoding loops
+  make per token (drafting and plain decoding).
 """
 
 from __future__ import annotations
@@ -51,11 +51,11 @@ def step_times(model: LoadedModel, context_ids: Sequence[int], repeats: int, ver
 
     session = KVSession(model, context[:-1])
     session.prefill()
-    session.extend([context[-1]])  # steady state: every token cached, the last one is the refeed point
+    session.extend([context[-1]], score_previous=False)  # steady state: every token cached
     session_len = len(session)
 
     def session_step() -> None:
-        session.extend([context[-1]])
+        session.extend([context[-1]], score_previous=False)
 
     def reset_session() -> None:
         session.truncate(session_len)

@@ -26,7 +26,7 @@ def draft_with_model(session: KVSession, num_tokens: int, params: SamplingParams
         tokens.append(token)
         rows.append(probs)
         if i + 1 < num_tokens:
-            logits = session.extend([token])[-1]  # [V]
+            logits = session.extend([token], score_previous=False)[-1]  # [V]
         else:
             session.append([token])
     if params.greedy or not rows:

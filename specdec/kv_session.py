@@ -43,23 +43,24 @@ class KVSession:
                 f"over the model's context of {self.model.max_context_tokens}")
         self.tokens.extend(int(t) for t in token_ids)
 
-    def extend(self, token_ids: Sequence[int] = ()) -> torch.Tensor:
+    def extend(self, token_ids: Sequence[int] = (), score_previous: bool = True) -> torch.Tensor:
         """Appends token_ids and feeds every pending token in one forward pass.
 
-        Returns float32 logits [len(token_ids) + 1, V]: row 0 predicts the token after the sequence's
-        previous last token, row i the token after new token i, so the last row is the next-token
-        distribution. A previous last token that is already cached is recomputed (cropped and re-fed).
+        With score_previous (verification), returns float32 logits [len(token_ids) + 1, V]: row 0 predicts
+        the token after the sequence's previous last token (recomputed if it is already cached), row i the
+        token after new token i. Without it (autoregressive steps, whose previous row was already used),
+        returns only the new tokens' rows [len(token_ids), V] and recomputes nothing.
         """
-        if not self.tokens and not token_ids:
-            raise ValueError("extend needs a non-empty sequence")
+        if not token_ids and not (score_previous and self.tokens):
+            raise ValueError("extend needs new tokens, or score_previous on a non-empty sequence")
         previous_len = len(self.tokens)
         self.append(token_ids)
-        refeed_from = max(previous_len - 1, 0)
+        rows = len(token_ids) + (1 if score_previous and previous_len else 0)
+        refeed_from = len(self.tokens) - rows
         if self.cached_len > refeed_from:
             self.cache.crop(refeed_from - self.cached_len)
         input_ids = torch.tensor([self.tokens[self.cached_len:]], dtype=torch.long)  # [1, n_pending]
-        logits = self.model.forward(input_ids, self.cache)  # [n_pending, V]
-        return logits[-(len(token_ids) + 1):] if previous_len else logits[-len(token_ids):]
+        return self.model.forward(input_ids, self.cache)[-rows:]  # [rows, V]
 
     def prefill(self) -> None:
         """Feeds every token but the last, so the next extend scores from the last token on."""

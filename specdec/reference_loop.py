@@ -60,7 +60,8 @@ def target_only_generate(target: LoadedModel, prompt_ids: Sequence[int], samplin
     stats = SpeculationStats()
     pending: list[int] = []
     while len(generated) < max_new_tokens:
-        probs = logits_to_probs(session.extend(pending)[-1], sampling)  # [V]
+        logits = session.extend(pending, score_previous=not pending)[-1]  # [V]
+        probs = logits_to_probs(logits, sampling)  # [V]
         token = sample_token(probs, sampling, position=len(session), stream=Stream.RESAMPLE)
         stats.record(0, 0)
         generated.append(token)
