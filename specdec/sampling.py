@@ -84,7 +84,8 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     if params.greedy:
         return F.one_hot(logits.argmax(dim=-1), vocab).float()
 
-    logits = logits / params.temperature
+    # Shift the max to 0 first: a tiny temperature then sends the others to -inf instead of the max to +inf.
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / params.temperature
     if 0 < params.top_k < vocab:
         kth_largest = logits.topk(params.top_k, dim=-1).values[..., -1:]  # [..., 1]
         logits = logits.masked_fill(logits < kth_largest, -math.inf)

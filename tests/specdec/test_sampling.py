@@ -83,6 +83,15 @@ def test_temperature_scales_logits():
     )
 
 
+@pytest.mark.parametrize("temperature", [1.17549435e-38, 1e-45, 1e-30])
+def test_tiny_temperature_is_near_greedy_not_an_overflow(temperature: float):
+    """Found by the coordinator fuzz test: logits / 1e-38 overflowed to +inf (NaN probabilities)."""
+    logits = torch.tensor([[1.0, 3.0, 2.0, -math.inf], [0.5, 0.5, -1.0, 0.0]])
+    probs = logits_to_probs(logits, SamplingParams(temperature=temperature, seed=1))
+    assert torch.isfinite(probs).all()
+    assert probs[0].tolist() == [0.0, 1.0, 0.0, 0.0] and probs[1].tolist() == [0.5, 0.5, 0.0, 0.0]
+
+
 def test_top_k_masks_and_renormalises():
     logits = torch.tensor([1.0, 3.0, 2.0, 0.0])
     probs = logits_to_probs(logits, SamplingParams(temperature=1.0, top_k=2))
