@@ -48,3 +48,7 @@ class DownstreamUnavailableError(SpecDecError):
 
 class UnauthenticatedError(SpecDecError):
     """Missing or wrong credentials (UNAUTHENTICATED)."""
+
+
+class RequestInProgressError(SpecDecError):
+    """The request id is being run by another coordinator, or this one lost it to another (ABORTED)."""

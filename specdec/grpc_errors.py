@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import grpc
+from google.protobuf.message import DecodeError
 
-from specdec.errors import (CapacityError, DownstreamUnavailableError, InvalidFieldError, SessionExistsError,
-                            SessionNotFoundError, StaleBaseLenError, UnauthenticatedError)
+from specdec.errors import (CapacityError, DownstreamUnavailableError, InvalidFieldError, RequestInProgressError,
+                            SessionExistsError, SessionNotFoundError, StaleBaseLenError, UnauthenticatedError)
 from specdec.kv_session import ContextOverflowError
 from specdec.sampling import NonFiniteLogitsError
 
@@ -24,6 +26,7 @@ STATUS_BY_ERROR: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (StaleBaseLenError, grpc.StatusCode.FAILED_PRECONDITION),
     (DownstreamUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
+    (RequestInProgressError, grpc.StatusCode.ABORTED),
     (NonFiniteLogitsError, grpc.StatusCode.INTERNAL),
 ]
 
@@ -53,32 +56,60 @@ async def _abort(context: grpc.aio.ServicerContext, method: str, error: BaseExce
     await context.abort(code, _message(error))
 
 
+@dataclass(frozen=True)
+class UndecodableRequest:
+    """Stands in for a request whose bytes do not parse, so the call can answer INVALID_ARGUMENT (gRPC's own
+    handling of a failing deserializer is UNKNOWN)."""
+
+    error: str
+
+
+def tolerant_deserializer(deserialize: Callable[[bytes], object] | None) -> Callable[[bytes], object] | None:
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> object:
+        try:
+            return deserialize(data)
+        except DecodeError as error:
+            return UndecodableRequest(str(error))
+
+    return parse
+
+
+def check_decoded(request: object) -> None:
+    if isinstance(request, UndecodableRequest):
+        raise InvalidFieldError("request", f"not a valid message: {request.error}")
+
+
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
-    """Turns exceptions raised by servicer methods into statuses, logging each one."""
+    """Turns exceptions raised by servicer methods (and undecodable requests) into statuses, logging each one."""
 
     async def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails):
         handler = await continuation(details)
         if handler is None:
             return None
         method = details.method
+        deserialize = tolerant_deserializer(handler.request_deserializer)
         if handler.unary_unary is not None:
             inner_unary = handler.unary_unary
 
             async def unary_unary(request, context):
                 try:
+                    check_decoded(request)
                     return await inner_unary(request, context)
                 except (asyncio.CancelledError, grpc.aio.AbortError):
                     raise
                 except Exception as error:  # noqa: BLE001 - mapped to a status here, the one place that does
                     await _abort(context, method, error)
 
-            return grpc.unary_unary_rpc_method_handler(unary_unary, handler.request_deserializer,
-                                                       handler.response_serializer)
+            return grpc.unary_unary_rpc_method_handler(unary_unary, deserialize, handler.response_serializer)
         if handler.unary_stream is not None:
             inner_stream = handler.unary_stream
 
             async def unary_stream(request, context) -> AsyncIterator:
                 try:
+                    check_decoded(request)
                     async for item in inner_stream(request, context):
                         yield item
                 except (asyncio.CancelledError, grpc.aio.AbortError):
@@ -86,6 +117,5 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
                 except Exception as error:  # noqa: BLE001
                     await _abort(context, method, error)
 
-            return grpc.unary_stream_rpc_method_handler(unary_stream, handler.request_deserializer,
-                                                        handler.response_serializer)
+            return grpc.unary_stream_rpc_method_handler(unary_stream, deserialize, handler.response_serializer)
         return handler
