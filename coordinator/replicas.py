@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from specdec.errors import DownstreamUnavailableError
 from specdec.grpc_options import channel_options
 from specdec.telemetry.grpc_telemetry import trace_context_interceptors
+from specdec.tls import open_aio_channel
 from specdec.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -44,24 +45,27 @@ class Replica(Generic[StubT]):
     stub: StubT
     active_sessions: int = 0
     info: common_pb2.ServiceInfo | None = field(default=None)
+    remote_sessions: int = 0  # sessions other coordinators hold here (coordinator/session_registry.py)
 
 
 class ReplicaPool(Generic[StubT]):
-    """Spreads sessions over replicas by load (fewest active sessions); a session stays on its replica."""
+    """Spreads sessions over replicas by load (fewest active sessions); a session stays on its replica.
+    Channels use TLS when given credentials (specdec/tls.py)."""
 
-    def __init__(self, kind: str, addresses: Sequence[str], make_stub: Callable[[grpc.aio.Channel], StubT]):
+    def __init__(self, kind: str, addresses: Sequence[str], make_stub: Callable[[grpc.aio.Channel], StubT],
+                 credentials: grpc.ChannelCredentials | None = None, options: Sequence[tuple[str, str]] = ()):
         if not addresses:
             raise ValueError(f"{kind}_replicas: at least one address is needed")
         self.kind = kind
         self.replicas: list[Replica[StubT]] = []
         for address in expand_addresses(addresses):
-            channel = grpc.aio.insecure_channel(address, options=channel_options(),
-                                                interceptors=trace_context_interceptors())
+            channel = open_aio_channel(address, credentials, [*channel_options(), *options],
+                                       interceptors=trace_context_interceptors())
             self.replicas.append(Replica(address, channel, make_stub(channel)))
 
     def acquire(self) -> Replica[StubT]:
-        """The least-loaded replica, counted as holding one more session."""
-        replica = min(self.replicas, key=lambda r: r.active_sessions)
+        """The least-loaded replica (counting every coordinator's sessions), counted as holding one more session."""
+        replica = min(self.replicas, key=lambda r: r.active_sessions + r.remote_sessions)
         replica.active_sessions += 1
         return replica
 

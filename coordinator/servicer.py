@@ -9,9 +9,9 @@ from transformers import PreTrainedTokenizerBase
 
 from coordinator.generation import Generation, GenerationPlan, RequestStats
 from coordinator.replicas import ReplicaPool
+from coordinator.request_guard import GuardedRequest, RequestGuard
 from coordinator.request_telemetry import RequestTelemetry
 from coordinator.settings import CoordinatorSettings
-from coordinator.text_stream import TextStream
 from coordinator.validation import plan_request
 from specdec.v1 import coordinator_pb2, coordinator_pb2_grpc
 
@@ -35,18 +35,27 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     """Thin shell: every request becomes a Generation on the least-loaded draft and verify replicas."""
 
     def __init__(self, settings: CoordinatorSettings, tokenizer: PreTrainedTokenizerBase, eos_token_ids: set[int],
-                 vocab_size: int, draft_pool: ReplicaPool, verify_pool: ReplicaPool):
+                 vocab_size: int, draft_pool: ReplicaPool, verify_pool: ReplicaPool,
+                 guard: RequestGuard | None = None):
         self.settings = settings
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.vocab_size = vocab_size
         self.draft_pool = draft_pool
         self.verify_pool = verify_pool
+        self.guard = guard or RequestGuard(settings)  # limits; with Redis also rate limits, journal, leases
 
     async def _run(self, request: coordinator_pb2.GenerateRequest) -> AsyncIterator[coordinator_pb2.GenerateStreamResponse]:
         telemetry = RequestTelemetry()  # TTFT counts from here
         plan = plan_request(request, self.settings, self.tokenizer, self.vocab_size)
-        text = TextStream(self.tokenizer, self.eos_token_ids, list(request.stop), plan.max_new_tokens)
+        async with self.guard.admit(request, plan) as guarded:  # coordinator/request_guard.py
+            async for reply in guarded.replies(self._generate(request, guarded, telemetry)):
+                yield reply
+
+    async def _generate(self, request: coordinator_pb2.GenerateRequest, guarded: GuardedRequest,
+                        telemetry: RequestTelemetry) -> AsyncIterator[coordinator_pb2.GenerateStreamResponse]:
+        plan = guarded.plan  # a resumed request runs the rest of its budget after its journaled tokens
+        text = guarded.text_stream(self.tokenizer, self.eos_token_ids, request.stop)
         verify = self.verify_pool.acquire()
         draft = self.draft_pool.acquire() if plan.gamma > 0 else None
         generation = Generation(plan, draft, verify, text, self.settings.call_timeout_s, telemetry)

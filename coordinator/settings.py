@@ -6,11 +6,12 @@ from dataclasses import dataclass
 
 from specdec.embedded_pair import DEMO_TARGET_DIR
 from specdec.settings import setting
+from specdec.tls import ServerTlsSettings
 
 
 @dataclass(frozen=True)
-class CoordinatorSettings:
-    """Everything the coordinator reads at start-up."""
+class CoordinatorSettings(ServerTlsSettings):
+    """Everything the coordinator reads at start-up (tls_cert/tls_key/tls_client_ca: the client-facing port)."""
 
     address: str = setting("[::]:50051", "host:port of the client-facing gRPC API (port 0 picks a free port)")
     draft_replicas: tuple[str, ...] = setting(("localhost:50061",), "draft service addresses, comma-separated; "
@@ -25,6 +26,29 @@ class CoordinatorSettings:
     call_timeout_s: float = setting(30.0, "deadline of each internal call")
     startup_timeout_s: float = setting(300.0, "how long to wait for the replicas to come up")
     grace_s: float = setting(10.0, "seconds in-flight requests get to finish after SIGTERM")
+    # Redis: API keys, rate limits, the request journal, the session registry (coordinator/request_guard.py).
+    redis_url: str = setting("", "Redis for API keys, rate limits, the request journal and the session registry "
+                                 "(redis://[:PASSWORD@]HOST:PORT/DB); empty: none of them")
+    redis_key_prefix: str = setting("specdec:", "prefix of every Redis key this deployment uses")
+    redis_timeout_s: float = setting(1.0, "timeout of each Redis call (past it Redis counts as down)")
+    require_api_key: bool = setting(False, "refuse Coordinator calls without a valid 'authorization: Bearer KEY' "
+                                           "(python -m coordinator.api_keys); needs redis_url")
+    lease_s: float = setting(10.0, "lease on a running request_id, refreshed each round: after a crash a retry "
+                                   "can take the request over this long after the last round")
+    lease_wait_s: float = setting(15.0, "how long a retry waits for another coordinator's lease (then ABORTED)")
+    journal_ttl_s: float = setting(3600.0, "how long an unfinished request's journal outlives its last round")
+    result_ttl_s: float = setting(600.0, "how long a finished request's result can be fetched again by request_id")
+    registry_ttl_s: float = setting(30.0, "a coordinator silent this long is presumed dead: its sessions are closed")
+    registry_refresh_s: float = setting(1.0, "how often session counts are published to and read from Redis")
+    # Limits beyond the context (RESOURCE_EXHAUSTED).
+    max_prompt_tokens: int = setting(0, "longest prompt accepted, in tokens (0: the context is the limit)")
+    max_total_tokens: int = setting(0, "most prompt + max_new_tokens per request (0: the context is the limit)")
+    # TLS of the channels to the draft and verify replicas (specdec/tls.py).
+    replica_tls_ca: str = setting("", "PEM CA of the replicas' server certificates: turns TLS on towards them")
+    replica_tls_cert: str = setting("", "PEM client certificate for the replicas (mutual TLS)")
+    replica_tls_key: str = setting("", "PEM private key of replica_tls_cert")
+    replica_tls_server_name: str = setting("", "name the replicas' certificates are checked against instead of "
+                                               "their address (e.g. when dns:/// expands to pod IPs)")
     metrics_port: int = setting(0, "port for Prometheus /metrics (0 = off)")
     trace_exporter: str = setting("none", "where spans go: none, console, otlp (OTEL_EXPORTER_OTLP_* variables), "
                                           "jsonl:PATH, memory; comma-separated")

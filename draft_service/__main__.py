@@ -12,6 +12,7 @@ from draft_service.settings import DraftSettings
 from specdec.model_runtime import LoadedModel, ModelSettings
 from specdec.serving import configure_logging, start_server, wait_for_termination
 from specdec.settings import parse_settings
+from specdec.tls import server_credentials
 from specdec.telemetry import start_telemetry
 from specdec.v1 import drafter_pb2, drafter_pb2_grpc
 
@@ -33,7 +34,8 @@ async def serve(settings: DraftSettings) -> None:
     start_telemetry("draft", settings, service.sessions)
     servicer = DrafterServicer(service)
     running = await start_server(settings.address, lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
-                                 [drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name])
+                                 [drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name],
+                                 credentials=server_credentials(settings))
     print(f"draft service listening on port {running.port}", flush=True)
     await wait_for_termination(running, settings.grace_s)
 

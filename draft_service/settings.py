@@ -6,11 +6,12 @@ from dataclasses import dataclass
 
 from specdec.embedded_pair import DEMO_DRAFT_DIR
 from specdec.settings import setting
+from specdec.tls import ServerTlsSettings
 
 
 @dataclass(frozen=True)
-class DraftSettings:
-    """Everything the draft service reads at start-up."""
+class DraftSettings(ServerTlsSettings):
+    """Everything the draft service reads at start-up (tls_*: TLS, or mutual TLS with tls_client_ca, on its port)."""
 
     address: str = setting("[::]:50061", "host:port to serve gRPC on (port 0 picks a free port)")
     model: str = setting(str(DEMO_DRAFT_DIR), "draft model directory or hub id; empty serves n-gram drafting only")

@@ -12,6 +12,7 @@ import sys
 from specdec.model_runtime import LoadedModel, ModelSettings
 from specdec.serving import RunningServer, configure_logging, start_server, wait_for_termination
 from specdec.settings import parse_settings
+from specdec.tls import server_credentials
 from specdec.v1 import verifier_pb2, verifier_pb2_grpc
 from verify_service.servicer import VerifierServicer
 from verify_service.service import VerifyService
@@ -32,7 +33,8 @@ async def serve(settings: VerifySettings) -> None:
     try:
         running = await start_server(settings.address,
                                      lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s),
-                                     [verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name])
+                                     [verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name],
+                                     credentials=server_credentials(settings))
         if ranks is not None:
             loop = asyncio.get_running_loop()
             ranks.on_failure(lambda reason: asyncio.run_coroutine_threadsafe(_stop_serving(running, servicer), loop))

@@ -6,14 +6,15 @@ from dataclasses import dataclass
 
 from specdec.embedded_pair import DEMO_TARGET_DIR
 from specdec.settings import setting
+from specdec.tls import ServerTlsSettings
 
 TP_LAUNCHERS = ("local", "ray")
 RAY_PLACEMENT_STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
 
 
 @dataclass(frozen=True)
-class VerifySettings:
-    """Everything the verify service reads at start-up."""
+class VerifySettings(ServerTlsSettings):
+    """Everything the verify service reads at start-up (tls_*: TLS, or mutual TLS with tls_client_ca, on its port)."""
 
     address: str = setting("[::]:50062", "host:port to serve gRPC on (port 0 picks a free port)")
     model: str = setting(str(DEMO_TARGET_DIR), "target model directory or hub id")

@@ -1,0 +1,101 @@
+"""TLS on the client-facing port and mutual TLS between the services, with throwaway certificates.
+
+The shared replicas (conftest.py) accept only clients with a certificate from the test CA; here two more
+coordinators serve clients over TLS and over mutual TLS, and a third lacks its client certificate.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import grpc
+import pytest
+
+from specdec.client import Client
+from specdec.local_stack import start_service
+from specdec.tls import ServerTlsSettings, channel_credentials, server_credentials
+from specdec.v1 import common_pb2, drafter_pb2_grpc, verifier_pb2_grpc
+
+
+@pytest.fixture(scope="module")
+def coordinators(secure_replicas, pki):
+    server = ["--tls-cert", str(pki.server.cert), "--tls-key", str(pki.server.key)]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        tls = pool.submit(secure_replicas.start_coordinator, "coordinator-tls", *server)
+        mtls = pool.submit(secure_replicas.start_coordinator, "coordinator-mtls", *server,
+                           "--tls-client-ca", str(pki.ca.cert))
+        refused = pool.submit(start_service, "coordinator-without-client-cert", "coordinator",
+                              [*secure_replicas.coordinator_args(client_certificate=False), "--startup-timeout-s", "3"],
+                              secure_replicas.log_dir)
+        started = {"tls": tls.result(), "mtls": mtls.result(), "refused": refused.exception()}
+    yield started
+    started["tls"].stop()
+    started["mtls"].stop()
+
+
+def credentials(pki, ca=None, client=None) -> grpc.ChannelCredentials:
+    key, cert = (client.key.read_bytes(), client.cert.read_bytes()) if client else (None, None)
+    return grpc.ssl_channel_credentials((ca or pki.ca).cert.read_bytes(), private_key=key, certificate_chain=cert)
+
+
+def refused(address: str, channel_credentials: grpc.ChannelCredentials | None) -> grpc.StatusCode:
+    with Client(address, timeout_s=15, credentials=channel_credentials) as client:
+        with pytest.raises(grpc.RpcError) as raised:
+            client.generate([1, 2, 3], max_new_tokens=2)
+    return raised.value.code()
+
+
+def test_tls_port_serves_clients_that_trust_its_ca(coordinators, pki):
+    with Client(coordinators["tls"].address, timeout_s=60, credentials=credentials(pki)) as client:
+        assert len(client.generate([1, 2, 3], max_new_tokens=4).token_ids) == 4
+
+
+def test_tls_port_refuses_plaintext_and_clients_of_another_ca(coordinators, pki):
+    address = coordinators["tls"].address
+    assert refused(address, None) == grpc.StatusCode.UNAVAILABLE
+    assert refused(address, credentials(pki, ca=pki.rogue_ca)) == grpc.StatusCode.UNAVAILABLE
+
+
+def test_mtls_port_serves_clients_with_a_certificate_from_its_ca(coordinators, pki):
+    with Client(coordinators["mtls"].address, timeout_s=60, credentials=credentials(pki, client=pki.client)) as client:
+        assert len(client.generate([1, 2, 3], max_new_tokens=4).token_ids) == 4
+
+
+def test_mtls_port_refuses_clients_without_the_right_certificate(coordinators, pki):
+    address = coordinators["mtls"].address
+    assert refused(address, credentials(pki)) == grpc.StatusCode.UNAVAILABLE  # no client certificate
+    assert refused(address, credentials(pki, client=pki.rogue_client)) == grpc.StatusCode.UNAVAILABLE
+    assert refused(address, None) == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize("service, stub_type", [("draft", drafter_pb2_grpc.DrafterStub),
+                                                ("verify", verifier_pb2_grpc.VerifierStub)])
+def test_replicas_speak_mutual_tls_only(secure_replicas, pki, service, stub_type):
+    address = getattr(secure_replicas, service).address
+    with grpc.secure_channel(address, credentials(pki, client=pki.client)) as channel:
+        assert stub_type(channel).Info(common_pb2.InfoRequest(), timeout=15).vocab_size == 64
+    for channel in (grpc.insecure_channel(address), grpc.secure_channel(address, credentials(pki)),
+                    grpc.secure_channel(address, credentials(pki, client=pki.rogue_client))):
+        with channel, pytest.raises(grpc.RpcError) as raised:
+            stub_type(channel).Info(common_pb2.InfoRequest(), timeout=15)
+        assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_coordinator_without_a_client_certificate_cannot_reach_the_replicas(coordinators):
+    failure = coordinators["refused"]
+    assert isinstance(failure, RuntimeError) and "not ready" in str(failure)
+
+
+def test_tls_settings_are_checked(pki, tmp_path):
+    assert server_credentials(ServerTlsSettings()) is None and channel_credentials() is None
+    with pytest.raises(ValueError, match="tls_client_ca"):
+        server_credentials(ServerTlsSettings(tls_client_ca=str(pki.ca.cert)))
+    with pytest.raises(ValueError, match="give both"):
+        server_credentials(ServerTlsSettings(tls_cert=str(pki.server.cert)))
+    with pytest.raises(ValueError, match="tls_key: cannot read"):
+        server_credentials(ServerTlsSettings(tls_cert=str(pki.server.cert), tls_key=str(tmp_path / "missing")))
+    (tmp_path / "empty.pem").write_text("not a certificate")
+    with pytest.raises(ValueError, match="no PEM block"):
+        channel_credentials(ca=str(tmp_path / "empty.pem"))
+    with pytest.raises(ValueError, match="replica_tls_ca"):
+        channel_credentials(cert=str(pki.client.cert), key=str(pki.client.key))
