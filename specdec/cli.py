@@ -1,6 +1,6 @@
 """Command line: start the whole stack on loopback, send a prompt, or run one service.
 
-    python -m specdec up                       # three processes, embedded pair, one real request
+    python -m specdec up                       # three processes (+ a redis-server), embedded pair, one request
     python -m specdec up --keep-running        # ... and keep serving until Ctrl-C
     python -m specdec generate --address HOST:PORT "def fibonacci(n):"
     python -m specdec serve draft|verify|coordinator [service flags]
@@ -9,13 +9,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
 import time
 
 from specdec.client import Client
 from specdec.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
 from specdec.local_stack import LocalStack
+from specdec.redis_server import RedisServer
 
 DEFAULT_PROMPT = "def fibonacci(n):\n    "
 SERVICE_MODULES = {"draft": "draft_service.__main__", "verify": "verify_service.__main__",
@@ -32,11 +35,27 @@ def print_response(response) -> None:
           f"pre-draft hits: {stats.predraft_hits}/{stats.predraft_attempts}  total: {stats.total_ns / 1e6:.0f} ms")
 
 
+def redis_for_up(args: argparse.Namespace, resources: contextlib.ExitStack) -> str:
+    """--redis-url, else a redis-server of our own on loopback (journal and registry on); '' without one."""
+    if args.redis_url or args.no_redis:
+        return args.redis_url
+    try:
+        server = resources.enter_context(RedisServer())
+    except FileNotFoundError as error:
+        print(f"no Redis ({error}); running without the request journal", flush=True)
+        return ""
+    print(f"redis-server at {server.url}", flush=True)
+    return server.url
+
+
 def command_up(args: argparse.Namespace) -> None:
     threads = ["--threads", str(args.threads)]
+    resources = contextlib.ExitStack()
+    redis_url = redis_for_up(args, resources)
     print(f"starting draft, verify and coordinator processes (target {args.target}, draft {args.draft}) ...", flush=True)
     started = time.perf_counter()
-    with LocalStack(args.target, args.draft, draft_args=threads, verify_args=threads) as stack:
+    with resources, LocalStack(args.target, args.draft, draft_args=threads, verify_args=threads,
+                               coordinator_args=["--redis-url", redis_url] if redis_url else []) as stack:
         print(f"stack ready in {time.perf_counter() - started:.1f}s: coordinator at {stack.address}, "
               f"logs in {stack.log_dir}", flush=True)
         with Client(stack.address) as client:
@@ -54,7 +73,7 @@ def command_up(args: argparse.Namespace) -> None:
 
 
 def command_generate(args: argparse.Namespace) -> None:
-    with Client(args.address) as client:
+    with Client(args.address, api_key=args.api_key or None) as client:
         print_response(client.generate(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                        include_stats=True))
 
@@ -74,8 +93,12 @@ def main(argv: list[str] | None = None) -> None:
     up.add_argument("--draft", default=str(DEMO_DRAFT_DIR))
     up.add_argument("--threads", type=int, default=1, help="CPU threads per model service")
     up.add_argument("--keep-running", action="store_true")
+    up.add_argument("--redis-url", default="", help="Redis for the coordinator (default: start a redis-server)")
+    up.add_argument("--no-redis", action="store_true", help="run the coordinator without Redis")
     generate = commands.add_parser("generate", help="send one prompt to a running coordinator")
     generate.add_argument("--address", default="localhost:50051")
+    generate.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY", ""),
+                          help="sent as 'authorization: Bearer KEY' [env SPECDEC_API_KEY]")
     for sub in (up, generate):
         sub.add_argument("prompt", nargs="?", default=DEFAULT_PROMPT)
         sub.add_argument("--max-new-tokens", type=int, default=64)
