@@ -16,8 +16,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import grpc
 from opentelemetry.context import Context
@@ -32,6 +33,7 @@ from specdec.v1 import common_pb2, drafter_pb2, verifier_pb2
 from specdec.wire import sampling_to_proto
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class RequestStats(SpeculationStats):
     total_ns: int = 0
     predraft_attempts: int = 0
     predraft_hits: int = 0
+    draft_fallbacks: int = 0  # times the drafter failed and the request went on by plain decoding
     round_timeline: list[tuple[str, int, int]] = field(default_factory=list)  # (stage, start_ns, end_ns)
 
 
@@ -83,8 +86,10 @@ class Generation:
     """Runs one request on one draft and one verify replica, yielding a Chunk per committed round."""
 
     def __init__(self, plan: GenerationPlan, draft: Replica | None, verify: Replica, text: TextStream,
-                 call_timeout_s: float, telemetry: RequestTelemetry | None = None):
+                 call_timeout_s: float, telemetry: RequestTelemetry | None = None,
+                 on_draft_unavailable: Callable[[Replica], None] | None = None):
         self.plan = plan
+        self.on_draft_unavailable = on_draft_unavailable  # e.g. take the replica out of placement
         self.draft = draft if plan.gamma > 0 else None
         self.verify = verify
         self.text = text
@@ -129,12 +134,31 @@ class Generation:
             calls = [self._open(self.verify, "verify", parent, verifier_pb2.OpenVerifySessionRequest(
                 session_id=self.plan.request_id, prompt_token_ids=self.plan.prompt_ids, sampling=sampling))]
             if self.draft is not None:
-                calls.append(self._open(self.draft, "draft", parent, drafter_pb2.OpenDraftSessionRequest(
-                    session_id=self.plan.request_id, prompt_token_ids=self.plan.prompt_ids, sampling=sampling,
-                    draft_method=self.plan.draft_method)))
+                calls.append(self._without_draft_on_failure(self._open(
+                    self.draft, "draft", parent, drafter_pb2.OpenDraftSessionRequest(
+                        session_id=self.plan.request_id, prompt_token_ids=self.plan.prompt_ids, sampling=sampling,
+                        draft_method=self.plan.draft_method))))
             await asyncio.gather(*calls)
         self.stats.prefill_ns = time.perf_counter_ns() - started
         self.metrics.stage_ns(prefill=self.stats.prefill_ns)
+
+    async def _without_draft_on_failure(self, call: Awaitable[T]) -> T | None:
+        """Runs a drafter call; if the drafter fails (gone, past its deadline, lost the session), the request
+        carries on by plain target decoding through the verifier, which is still exact. None on failure."""
+        draft = self.draft
+        try:
+            return await call
+        except (DownstreamUnavailableError, grpc.aio.AioRpcError) as error:
+            if isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise  # the request itself is wrong (e.g. a draft method this drafter does not serve)
+            if self.draft is draft and draft is not None:
+                log.warning("request %s: drafter %s failed (%s); finishing by plain decoding", self.plan.request_id,
+                            draft.address, error)
+                self.draft = None
+                self.stats.draft_fallbacks += 1
+                if isinstance(error, DownstreamUnavailableError) and self.on_draft_unavailable is not None:
+                    self.on_draft_unavailable(draft)
+            return None
 
     async def _open(self, replica: Replica, lane: str, parent: Context, request) -> None:
         with self.telemetry.remote_call(f"{lane}.open_session", parent) as call:
@@ -180,6 +204,13 @@ class Generation:
 
     async def _propose(self, base_len: int, appended: Sequence[int], num_tokens: int, round_span: Context,
                        predraft: bool = False) -> DraftBlock:
+        """Drafts a block; an empty block when the drafter has failed (the round becomes a plain step)."""
+        block = await self._without_draft_on_failure(self._propose_on_drafter(base_len, appended, num_tokens,
+                                                                             round_span, predraft))
+        return block if block is not None else DraftBlock([], None)
+
+    async def _propose_on_drafter(self, base_len: int, appended: Sequence[int], num_tokens: int, round_span: Context,
+                                  predraft: bool) -> DraftBlock:
         with self.telemetry.remote_call("draft.propose", round_span, base_len=base_len, num_tokens=num_tokens,
                                         predraft=predraft) as call:
             reply = await self._call(self.draft, "Propose", drafter_pb2.ProposeRequest(

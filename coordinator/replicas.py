@@ -46,6 +46,7 @@ class Replica(Generic[StubT]):
     active_sessions: int = 0
     info: common_pb2.ServiceInfo | None = field(default=None)
     remote_sessions: int = 0  # sessions other coordinators hold here (coordinator/session_registry.py)
+    healthy: bool = True  # False after a call found it gone, until its health check says SERVING again
 
 
 class ReplicaPool(Generic[StubT]):
@@ -57,17 +58,44 @@ class ReplicaPool(Generic[StubT]):
         if not addresses:
             raise ValueError(f"{kind}_replicas: at least one address is needed")
         self.kind = kind
+        self._probes: set[asyncio.Future] = set()
         self.replicas: list[Replica[StubT]] = []
         for address in expand_addresses(addresses):
             channel = open_aio_channel(address, credentials, [*channel_options(), *options],
                                        interceptors=trace_context_interceptors())
             self.replicas.append(Replica(address, channel, make_stub(channel)))
 
-    def acquire(self) -> Replica[StubT]:
-        """The least-loaded replica (counting every coordinator's sessions), counted as holding one more session."""
-        replica = min(self.replicas, key=lambda r: r.active_sessions + r.remote_sessions)
+    def acquire(self, required: bool = True) -> Replica[StubT] | None:
+        """The least-loaded healthy replica (counting every coordinator's sessions), counted as holding one more
+        session. With none healthy: None when not required (run without it), else the least-loaded one."""
+        candidates = [r for r in self.replicas if r.healthy]
+        if not candidates and not required:
+            return None
+        replica = min(candidates or self.replicas, key=lambda r: r.active_sessions + r.remote_sessions)
         replica.active_sessions += 1
         return replica
+
+    def mark_unhealthy(self, replica: Replica[StubT], probe_interval_s: float = 1.0) -> None:
+        """Takes a replica out of placement and probes its health until it serves again."""
+        if not replica.healthy:
+            return
+        replica.healthy = False
+        log.warning("%s replica %s marked unhealthy; probing it every %.0fs", self.kind, replica.address,
+                    probe_interval_s)
+
+        async def probe() -> None:
+            health = health_pb2_grpc.HealthStub(replica.channel)
+            while not replica.healthy:
+                await asyncio.sleep(probe_interval_s)
+                try:
+                    reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=probe_interval_s)
+                    replica.healthy = reply.status == health_pb2.HealthCheckResponse.SERVING
+                except grpc.aio.AioRpcError:
+                    continue
+            log.info("%s replica %s is healthy again", self.kind, replica.address)
+
+        self._probes.add(task := asyncio.ensure_future(probe()))
+        task.add_done_callback(self._probes.discard)
 
     @staticmethod
     def release(replica: Replica[StubT]) -> None:

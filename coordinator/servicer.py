@@ -57,8 +57,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         plan = guarded.plan  # a resumed request runs the rest of its budget after its journaled tokens
         text = guarded.text_stream(self.tokenizer, self.eos_token_ids, request.stop)
         verify = self.verify_pool.acquire()
-        draft = self.draft_pool.acquire() if plan.gamma > 0 else None
-        generation = Generation(plan, draft, verify, text, self.settings.call_timeout_s, telemetry)
+        draft = self.draft_pool.acquire(required=False) if plan.gamma > 0 else None  # none healthy: plain decoding
+        generation = Generation(plan, draft, verify, text, self.settings.call_timeout_s, telemetry,
+                                on_draft_unavailable=self.draft_pool.mark_unhealthy)
         try:
             async for chunk in generation.chunks():
                 reply = coordinator_pb2.GenerateStreamResponse(
