@@ -17,6 +17,7 @@ from specdec.v1 import verifier_pb2, verifier_pb2_grpc
 from verify_service.servicer import VerifierServicer
 from verify_service.service import VerifyService
 from verify_service.settings import VerifySettings
+from specdec.telemetry import start_telemetry
 from verify_service.tensor_parallel import TensorParallelLeader
 
 
@@ -30,6 +31,7 @@ async def serve(settings: VerifySettings) -> None:
     else:
         model = LoadedModel.load(ModelSettings(settings.model, settings.device, settings.dtype, settings.threads))
     servicer = VerifierServicer(VerifyService(settings, model, ranks), settings.tensor_parallel_size)
+    start_telemetry("verify", settings, servicer.service.sessions)
     try:
         running = await start_server(settings.address,
                                      lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s),

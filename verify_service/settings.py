@@ -25,6 +25,9 @@ class VerifySettings(ServerTlsSettings):
     max_speculative_tokens: int = setting(16, "largest number of draft tokens one Verify may carry")
     grace_s: float = setting(10.0, "seconds in-flight calls get to finish after SIGTERM")
     metrics_port: int = setting(0, "port for Prometheus /metrics (0 = off)")
+    trace_exporter: str = setting("none", "where spans go: none, console, otlp (OTEL_EXPORTER_OTLP_* variables), "
+                                          "jsonl:PATH, memory; comma-separated")
+    trace_sample_ratio: float = setting(1.0, "share of new traces recorded (parent-based: callers' choice wins)")
     log_level: str = setting("INFO", "logging level")
     # Tensor parallelism (verify_service/tensor_parallel.py). 1 = one plain process, no torch.distributed.
     tensor_parallel_size: int = setting(1, "ranks the target is sharded over with transformers' tp_plan='auto'; "
