@@ -6,7 +6,6 @@ from __future__ import annotations
 import signal
 import time
 
-import pytest
 
 from specdec.client import Client
 from specdec.local_stack import LocalStack, start_service

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pathlib
 
 from specdec.protogen import REPO_ROOT, STUB_PACKAGE, generate
 
