@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import torch
+from transformers import DynamicCache
 
 from specdec.kv_session import KVSession
 from specdec.model_runtime import LoadedModel
@@ -36,14 +37,21 @@ def step_times(model: LoadedModel, context_ids: Sequence[int], repeats: int, ver
                warmup: int = 3) -> dict[str, float]:
     """Median milliseconds of one decode step three ways, and of scoring a verify_tokens block."""
     context = list(context_ids)
-    cache = model.new_cache()
-    model.forward(torch.tensor([context[:-1]]), cache)
+    cache = DynamicCache(config=model.model.config)  # the bare transformers path: its own cache type
+    with torch.inference_mode():
+        model.model(input_ids=torch.tensor([context[:-1]]), cache=cache, use_cache=True)
     cached = len(context) - 1
     one = torch.tensor([context[-1:]])  # [1, 1]
     block = torch.tensor([(context * verify_tokens)[:verify_tokens]])  # [1, γ+1]
 
+    runtime_cache = model.new_cache()  # the runtime's own cache type (packed buffers or DynamicCache)
+    model.forward(torch.tensor([context[:-1]]), runtime_cache)
+
     def crop() -> None:
         cache.crop(cached - cache.get_seq_length())  # a negative count: drop what the timed call added
+
+    def crop_runtime() -> None:
+        runtime_cache.crop(cached - runtime_cache.get_seq_length())
 
     def bare() -> None:
         with torch.inference_mode():
@@ -60,8 +68,10 @@ def step_times(model: LoadedModel, context_ids: Sequence[int], repeats: int, ver
     def reset_session() -> None:
         session.truncate(session_len)
 
-    calls = {"bare_forward_ms": (bare, crop), "runtime_forward_ms": (lambda: model.forward(one, cache), crop),
-             "session_step_ms": (session_step, reset_session), "verify_block_ms": (lambda: model.forward(block, cache), crop)}
+    calls = {"bare_forward_ms": (bare, crop),
+             "runtime_forward_ms": (lambda: model.forward(one, runtime_cache), crop_runtime),
+             "session_step_ms": (session_step, reset_session),
+             "verify_block_ms": (lambda: model.forward(block, runtime_cache), crop_runtime)}
     names = list(calls)
     samples: dict[str, list[int]] = {name: [] for name in names}
     for i in range(warmup + repeats):

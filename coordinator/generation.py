@@ -8,6 +8,10 @@ Draws are keyed by (seed, position), so both modes commit the same tokens.
 
 Each loop iteration is one round: [propose block k,] verify block k (pre-drafting block k+1 meanwhile),
 commit. Stats, metrics and spans are fed from the same figures (coordinator/request_telemetry.py).
+
+With adaptive γ (an AcceptanceRate given), each block's size is chosen within [0, plan.gamma] from the
+request's live acceptance rate and the replicas' measured pass costs at their current batch sizes
+(coordinator/speculation_policy.py); every reply refreshes those measurements.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from opentelemetry.context import Context
 
 from coordinator.replicas import Replica
 from coordinator.request_telemetry import RemoteCall, RequestTelemetry
+from coordinator.speculation_policy import AcceptanceRate, choose_gamma
 from coordinator.text_stream import Chunk, TextStream
 from specdec.errors import DownstreamUnavailableError
 from specdec.sampling import SamplingParams
@@ -87,8 +92,10 @@ class Generation:
 
     def __init__(self, plan: GenerationPlan, draft: Replica | None, verify: Replica, text: TextStream,
                  call_timeout_s: float, telemetry: RequestTelemetry | None = None,
-                 on_draft_unavailable: Callable[[Replica], None] | None = None):
+                 on_draft_unavailable: Callable[[Replica], None] | None = None,
+                 acceptance: AcceptanceRate | None = None):
         self.plan = plan
+        self.acceptance = acceptance  # the coordinator-wide α; None: every block drafts plan.gamma tokens
         self.on_draft_unavailable = on_draft_unavailable  # e.g. take the replica out of placement
         self.draft = draft if plan.gamma > 0 else None
         self.verify = verify
@@ -99,6 +106,7 @@ class Generation:
         self.stats = RequestStats()
         self.committed: list[int] = list(plan.prompt_ids)
         self.draft_synced_len = len(plan.prompt_ids)  # committed prefix the drafter is known to hold
+        self._judged = 0  # drafted tokens the verifier accepted or rejected (those after a rejection are neither)
         self._started_ns = time.perf_counter_ns()
 
     def elapsed_ns(self) -> int:
@@ -198,9 +206,16 @@ class Generation:
         self.stats.round_timeline.append((label, call.started_ns - self._started_ns, call.ended_ns - self._started_ns))
         self.metrics.stage_ns(wire=call.wire_ns, **stage_ns)
 
+    def _gamma(self) -> int:
+        """The next block's γ: plan.gamma, or with adaptive γ the policy's choice within [0, plan.gamma]."""
+        if self.acceptance is None or self.draft is None or self.draft.load is None or self.verify.load is None:
+            return self.plan.gamma
+        alpha = self.acceptance.for_request(self._judged, self.stats.accepted)
+        return choose_gamma(alpha, self.plan.gamma, self.verify.load, self.draft.load)
+
     def _block_size(self, tokens_before: int) -> int:
         """γ for a block that starts after tokens_before more commits: never draft past the token budget."""
-        return max(0, min(self.plan.gamma, self.remaining - tokens_before - 1))
+        return max(0, min(self._gamma(), self.remaining - tokens_before - 1))
 
     async def _propose(self, base_len: int, appended: Sequence[int], num_tokens: int, round_span: Context,
                        predraft: bool = False) -> DraftBlock:
@@ -211,13 +226,16 @@ class Generation:
 
     async def _propose_on_drafter(self, base_len: int, appended: Sequence[int], num_tokens: int, round_span: Context,
                                   predraft: bool) -> DraftBlock:
+        draft = self.draft
         with self.telemetry.remote_call("draft.propose", round_span, base_len=base_len, num_tokens=num_tokens,
                                         predraft=predraft) as call:
-            reply = await self._call(self.draft, "Propose", drafter_pb2.ProposeRequest(
+            reply = await self._call(draft, "Propose", drafter_pb2.ProposeRequest(
                 session_id=self.plan.request_id, base_len=base_len, appended_token_ids=appended,
                 num_speculative_tokens=num_tokens))
             call.inside("draft.forward", "draft", reply.draft_ns)
         self._count_call("draft", call, draft=reply.draft_ns)
+        if draft.load is not None and num_tokens and reply.batch_rows:  # one pass per drafted position
+            draft.load.observe(reply.batch_rows, reply.draft_ns / num_tokens, reply.batch_rows)
         probs = reply.draft_probs if reply.HasField("draft_probs") and reply.draft_probs.rows else None
         return DraftBlock(list(reply.draft_token_ids), probs)
 
@@ -265,6 +283,8 @@ class Generation:
             call.inside("verify.forward", "verify", reply.forward_ns)
             call.inside("verify.sampling", "verify", reply.sampling_ns)
         self._count_call("verify", call, verify=reply.forward_ns, sampling=reply.sampling_ns)
+        if self.verify.load is not None:
+            self.verify.load.observe(reply.batch_tokens, reply.forward_ns, reply.batch_rows)
         return reply
 
     def _commit(self, block: DraftBlock, verdict: verifier_pb2.VerifyResponse, round_span: Context) -> Chunk:
@@ -276,6 +296,10 @@ class Generation:
                                   rolled_back=drafted - accepted):
             self.stats.record(drafted, accepted)
             self.metrics.round_committed(drafted, accepted)
+            if self.acceptance is not None:
+                judged = accepted + (accepted < drafted)  # the draft tokens the verifier ruled on this round
+                self._judged += judged
+                self.acceptance.observe(judged, accepted)
             self.committed.extend([*verdict.accepted_token_ids, verdict.next_token_id])
             # The drafter already holds the accepted prefix of its block.
             self.draft_synced_len = base_len + accepted

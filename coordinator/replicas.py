@@ -12,9 +12,11 @@ from typing import Generic, TypeVar
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from coordinator.speculation_policy import PassLoad
 from specdec.errors import DownstreamUnavailableError
 from specdec.grpc_options import channel_options
 from specdec.telemetry.grpc_telemetry import trace_context_interceptors
+from specdec.step_cost import StepCost
 from specdec.tls import open_aio_channel
 from specdec.v1 import common_pb2
 
@@ -47,6 +49,7 @@ class Replica(Generic[StubT]):
     info: common_pb2.ServiceInfo | None = field(default=None)
     remote_sessions: int = 0  # sessions other coordinators hold here (coordinator/session_registry.py)
     healthy: bool = True  # False after a call found it gone, until its health check says SERVING again
+    load: PassLoad | None = None  # its measured pass cost and batch size, from Info and then every reply
 
 
 class ReplicaPool(Generic[StubT]):
@@ -111,6 +114,8 @@ class ReplicaPool(Generic[StubT]):
                     status = await health.Check(health_pb2.HealthCheckRequest(), timeout=5)
                     if status.status == health_pb2.HealthCheckResponse.SERVING:
                         replica.info = await replica.stub.Info(common_pb2.InfoRequest(), timeout=5)
+                        replica.load = PassLoad(StepCost(replica.info.step_cost_fixed_ns,
+                                                         replica.info.step_cost_per_token_ns))
                         return
                 except grpc.aio.AioRpcError as error:
                     if asyncio.get_running_loop().time() > deadline:

@@ -12,6 +12,7 @@ from coordinator.replicas import ReplicaPool
 from coordinator.request_guard import GuardedRequest, RequestGuard
 from coordinator.request_telemetry import RequestTelemetry
 from coordinator.settings import CoordinatorSettings
+from coordinator.speculation_policy import AcceptanceRate
 from coordinator.validation import plan_request
 from specdec.v1 import coordinator_pb2, coordinator_pb2_grpc
 
@@ -44,6 +45,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self.draft_pool = draft_pool
         self.verify_pool = verify_pool
         self.guard = guard or RequestGuard(settings)  # limits; with Redis also rate limits, journal, leases
+        self.acceptance = AcceptanceRate() if settings.adaptive_gamma else None  # None: every round uses plan.gamma
 
     async def _run(self, request: coordinator_pb2.GenerateRequest) -> AsyncIterator[coordinator_pb2.GenerateStreamResponse]:
         telemetry = RequestTelemetry()  # TTFT counts from here
@@ -59,7 +61,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         verify = self.verify_pool.acquire()
         draft = self.draft_pool.acquire(required=False) if plan.gamma > 0 else None  # none healthy: plain decoding
         generation = Generation(plan, draft, verify, text, self.settings.call_timeout_s, telemetry,
-                                on_draft_unavailable=self.draft_pool.mark_unhealthy)
+                                on_draft_unavailable=self.draft_pool.mark_unhealthy, acceptance=self.acceptance)
         try:
             async for chunk in generation.chunks():
                 reply = coordinator_pb2.GenerateStreamResponse(

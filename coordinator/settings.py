@@ -23,6 +23,10 @@ class CoordinatorSettings(ServerTlsSettings):
     max_new_tokens_limit: int = setting(1024, "largest max_new_tokens a request may ask for")
     max_context_tokens: int = setting(1024, "longest prompt + completion (at most the models' context)")
     overlap: bool = setting(True, "pipeline rounds: draft block k+1 while block k is verified")
+    adaptive_gamma: bool = setting(True, "pick each round's γ within [0, the request's γ] from the request's live "
+                                         "acceptance rate and the replicas' measured pass costs at their current "
+                                         "batch size (0 = plain decoding when speculation stops paying); off: "
+                                         "always the request's γ")
     call_timeout_s: float = setting(30.0, "deadline of each internal call")
     startup_timeout_s: float = setting(300.0, "how long to wait for the replicas to come up")
     grace_s: float = setting(10.0, "seconds in-flight requests get to finish after SIGTERM")

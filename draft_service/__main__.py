@@ -14,6 +14,7 @@ from specdec.serving import configure_logging, start_server, wait_for_terminatio
 from specdec.settings import parse_settings
 from specdec.tls import server_credentials
 from specdec.telemetry import start_telemetry
+from specdec.telemetry.metrics import observe_batch
 from specdec.v1 import drafter_pb2, drafter_pb2_grpc
 
 log = logging.getLogger("draft_service")
@@ -32,12 +33,16 @@ def build_service(settings: DraftSettings) -> DraftService:
 async def serve(settings: DraftSettings) -> None:
     service = build_service(settings)
     start_telemetry("draft", settings, service.sessions)
-    servicer = DrafterServicer(service)
-    running = await start_server(settings.address, lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
-                                 [drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name],
-                                 credentials=server_credentials(settings))
-    print(f"draft service listening on port {running.port}", flush=True)
-    await wait_for_termination(running, settings.grace_s)
+    servicer = DrafterServicer(service, observe_batch)
+    try:
+        running = await start_server(settings.address,
+                                     lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
+                                     [drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name],
+                                     credentials=server_credentials(settings))
+        print(f"draft service listening on port {running.port}", flush=True)
+        await wait_for_termination(running, settings.grace_s)
+    finally:
+        servicer.close()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,11 +12,11 @@ from specdec.sampling import SamplingParams
 
 
 class ModelDraftSession:
-    """A DraftSession backed by a draft model's KV cache."""
+    """A DraftSession backed by a draft model's KV cache (prefilled by its first forward, or by the caller
+    running `session.plan_prefill()` batched with other sessions')."""
 
     def __init__(self, model: LoadedModel, prompt_ids: Sequence[int], params: SamplingParams):
         self.session = KVSession(model, prompt_ids)
-        self.session.prefill()
         self.params = params
 
     def __len__(self) -> int:

@@ -1,11 +1,14 @@
-"""The Drafter gRPC servicer: decodes requests, calls DraftService on the model thread, encodes replies."""
+"""The Drafter gRPC servicer: decodes requests, queues them for DraftService's model thread, encodes replies.
+
+Opens and Propose calls that arrive while a step runs are batched into the next step (specdec/step_batcher.py).
+"""
 
 from __future__ import annotations
 
-import asyncio
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 
 from draft_service.service import MODEL, NGRAM, DraftService
+from specdec.step_batcher import StepBatcher
 from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 from specdec.wire import check_token_ids, probs_to_proto, sampling_from_proto
 
@@ -15,33 +18,36 @@ METHOD_ENUMS = {MODEL: common_pb2.DRAFT_METHOD_MODEL, NGRAM: common_pb2.DRAFT_ME
 
 
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
-    """Thin shell over DraftService; model work runs on one worker thread so the event loop stays free."""
+    """Thin shell over DraftService; model work runs on one batching worker thread so the event loop stays free."""
 
-    def __init__(self, service: DraftService):
+    def __init__(self, service: DraftService, on_step: Callable[[str, int], None] | None = None):
         self.service = service
-        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draft-model")
+        self._batcher = StepBatcher({"open": service.open_many, "propose": service.propose_many},
+                                    service.settings.max_batch_size, "draft-model", on_step)
 
-    async def _run(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self._model_thread, fn, *args)
+    def close(self) -> None:
+        """Ends the model thread once the server has stopped."""
+        self._batcher.close()
 
     async def OpenSession(self, request: drafter_pb2.OpenDraftSessionRequest, context) -> drafter_pb2.OpenDraftSessionResponse:
         prompt = check_token_ids(request.prompt_token_ids, self.service.vocab_size, "prompt_token_ids")
         params = sampling_from_proto(request.sampling)
         method = METHOD_NAMES.get(request.draft_method, "unknown")
-        prefill_ns = await self._run(self.service.open, request.session_id, prompt, params, method)
+        prefill_ns = await self._batcher.submit("open", request.session_id, prompt, params, method)
         return drafter_pb2.OpenDraftSessionResponse(session_len=len(prompt), prefill_ns=prefill_ns)
 
     async def Propose(self, request: drafter_pb2.ProposeRequest, context) -> drafter_pb2.ProposeResponse:
         appended = check_token_ids(request.appended_token_ids, self.service.vocab_size, "appended_token_ids",
                                    allow_empty=True)
-        result = await self._run(self.service.propose, request.session_id, request.base_len, appended,
-                                 request.num_speculative_tokens)
+        result = await self._batcher.submit("propose", request.session_id, request.base_len, appended,
+                                            request.num_speculative_tokens)
         return drafter_pb2.ProposeResponse(draft_token_ids=result.proposal.token_ids,
                                            draft_probs=probs_to_proto(result.proposal.probs),
-                                           session_len=result.session_len, draft_ns=result.draft_ns)
+                                           session_len=result.session_len, draft_ns=result.draft_ns,
+                                           batch_rows=result.batch_rows)
 
     async def CloseSession(self, request: common_pb2.CloseSessionRequest, context) -> common_pb2.CloseSessionResponse:
-        return common_pb2.CloseSessionResponse(closed=await self._run(self.service.close, request.session_id))
+        return common_pb2.CloseSessionResponse(closed=await self._batcher.run(self.service.close, request.session_id))
 
     async def Info(self, request: common_pb2.InfoRequest, context) -> common_pb2.ServiceInfo:
         service, model = self.service, self.service.model
@@ -56,4 +62,6 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             max_sessions=service.sessions.max_sessions,
             max_context_tokens=model.max_context_tokens if model else 0,
             tensor_parallel_size=1,
-            draft_methods=[METHOD_ENUMS[m] for m in service.methods])
+            draft_methods=[METHOD_ENUMS[m] for m in service.methods],
+            step_cost_fixed_ns=service.step_cost.fixed_ns if service.step_cost else 0.0,
+            step_cost_per_token_ns=service.step_cost.per_token_ns if service.step_cost else 0.0)

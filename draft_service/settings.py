@@ -20,6 +20,8 @@ class DraftSettings(ServerTlsSettings):
     dtype: str = setting("float32", "weight dtype: float32, bfloat16 or float16")
     threads: int = setting(1, "CPU threads for the model (0 = torch default)")
     max_sessions: int = setting(256, "most sessions held at once; more are refused with RESOURCE_EXHAUSTED")
+    max_batch_size: int = setting(32, "most calls run together in one model step (continuous batching; "
+                                        "1 = off: one session per step)")
     max_speculative_tokens: int = setting(16, "largest num_speculative_tokens a Propose may ask for")
     default_draft_method: str = setting("model", "draft method for sessions that name none: model or ngram")
     ngram_min: int = setting(1, "n-gram drafter: shortest suffix matched")

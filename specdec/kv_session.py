@@ -1,13 +1,17 @@
 """One session: a request's token sequence on one replica and the KV cache of its prefix.
 
 The cache always covers a prefix `tokens[:cached_len]`; tokens past it are *pending* and are fed by the
-next `extend`. Rollback is `truncate(length)`: it drops tokens and crops the cache, never recomputing
+next forward. Rollback is `truncate(length)`: it drops tokens and crops the cache, never recomputing
 the positions that are kept.
+
+A forward is planned per session (`plan_extend`, `plan_prefill`) and run by `run_forwards`, which feeds
+the plans of many sessions on one model in a single packed pass (continuous batching) when it can.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -16,6 +20,15 @@ from specdec.model_runtime import LoadedModel
 
 class ContextOverflowError(ValueError):
     """A session would hold more tokens than the model's context."""
+
+
+@dataclass(frozen=True)
+class PlannedForward:
+    """The tokens one session feeds in its next forward and how many of the last ones need logits."""
+
+    session: KVSession
+    token_ids: list[int]
+    logit_rows: int
 
 
 class KVSession:
@@ -43,14 +56,8 @@ class KVSession:
                 f"over the model's context of {self.model.max_context_tokens}")
         self.tokens.extend(int(t) for t in token_ids)
 
-    def extend(self, token_ids: Sequence[int] = (), score_previous: bool = True) -> torch.Tensor:
-        """Appends token_ids and feeds every pending token in one forward pass.
-
-        With score_previous (verification), returns float32 logits [len(token_ids) + 1, V]: row 0 predicts
-        the token after the sequence's previous last token (recomputed if it is already cached), row i the
-        token after new token i. Without it (autoregressive steps, whose previous row was already used),
-        returns only the new tokens' rows [len(token_ids), V] and recomputes nothing.
-        """
+    def plan_extend(self, token_ids: Sequence[int] = (), score_previous: bool = True) -> PlannedForward:
+        """Appends token_ids and plans feeding every pending token (see `extend` for the rows returned)."""
         if not token_ids and not (score_previous and self.tokens):
             raise ValueError("extend needs new tokens, or score_previous on a non-empty sequence")
         previous_len = len(self.tokens)
@@ -59,14 +66,30 @@ class KVSession:
         refeed_from = len(self.tokens) - rows
         if self.cached_len > refeed_from:
             self.cache.crop(refeed_from - self.cached_len)
-        input_ids = torch.tensor([self.tokens[self.cached_len:]], dtype=torch.long)  # [1, n_pending]
-        return self.model.forward(input_ids, self.cache)[-rows:]  # [rows, V]
+        return PlannedForward(self, self.tokens[self.cached_len:], rows)
+
+    def plan_prefill(self) -> PlannedForward | None:
+        """Plans feeding every token but the last, so the next extend scores from the last token on; None when
+        there is nothing to feed."""
+        if len(self.tokens) - self.cached_len <= 1:
+            return None
+        return PlannedForward(self, self.tokens[self.cached_len:-1], 0)
+
+    def extend(self, token_ids: Sequence[int] = (), score_previous: bool = True) -> torch.Tensor:
+        """Appends token_ids and feeds every pending token in one forward pass.
+
+        With score_previous (verification), returns float32 logits [len(token_ids) + 1, V]: row 0 predicts
+        the token after the sequence's previous last token (recomputed if it is already cached), row i the
+        token after new token i. Without it (autoregressive steps, whose previous row was already used),
+        returns only the new tokens' rows [len(token_ids), V] and recomputes nothing.
+        """
+        return run_forwards([self.plan_extend(token_ids, score_previous)])[0]
 
     def prefill(self) -> None:
         """Feeds every token but the last, so the next extend scores from the last token on."""
-        if len(self.tokens) - self.cached_len > 1:
-            input_ids = torch.tensor([self.tokens[self.cached_len:-1]], dtype=torch.long)  # [1, n]
-            self.model.forward(input_ids, self.cache)
+        plan = self.plan_prefill()
+        if plan is not None:
+            run_forwards([plan])
 
     def truncate(self, length: int) -> None:
         """Rolls back to the first `length` tokens (a no-op when already that short)."""
@@ -76,3 +99,20 @@ class KVSession:
         surplus = self.cached_len - length
         if surplus > 0:
             self.cache.crop(-surplus)
+
+
+def run_forwards(plans: Sequence[PlannedForward]) -> list[torch.Tensor]:
+    """Runs planned forwards; plans of sessions on one packing model share a single pass.
+
+    Returns per plan float32 logits [logit_rows, V], in the order given.
+    """
+    results: list[torch.Tensor | None] = [None] * len(plans)
+    by_model: dict[int, list[int]] = {}
+    for index, plan in enumerate(plans):
+        by_model.setdefault(id(plan.session.model), []).append(index)
+    for indices in by_model.values():
+        model = plans[indices[0]].session.model
+        rows = [(plans[i].token_ids, plans[i].session.cache, plans[i].logit_rows) for i in indices]
+        for index, logits in zip(indices, model.forward_rows(rows)):
+            results[index] = logits
+    return results

@@ -6,10 +6,13 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from specdec.packed_forward import PACKED_ATTENTION, SequenceKV, packed_forward, supports_packed_forward
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +60,16 @@ def check_same_vocabulary(target: VocabularyIdentity, draft: VocabularyIdentity)
             f"draft {draft.model_id!r} sha256 {draft.tokenizer_sha256[:12]}…")
 
 
+Cache = DynamicCache | SequenceKV
+
+
 class LoadedModel:
-    """A causal LM and its tokenizer, ready for cached forward passes on one device."""
+    """A causal LM and its tokenizer, ready for cached forward passes on one device.
+
+    Models with plain causal attention run packed (specdec/packed_forward.py): their caches are SequenceKV
+    buffers and `forward_rows` runs many sequences in one pass. Others keep DynamicCache and run one
+    sequence per pass.
+    """
 
     def __init__(self, settings: ModelSettings, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
         self.settings = settings
@@ -69,6 +80,9 @@ class LoadedModel:
         self.max_context_tokens: int = model.config.max_position_embeddings
         self.identity = VocabularyIdentity(settings.model, self.vocab_size, tokenizer_sha256(tokenizer))
         self.eos_token_ids: frozenset[int] = frozenset(_eos_ids(model, tokenizer))
+        self.packed = supports_packed_forward(model.config)
+        if self.packed:
+            model.set_attn_implementation(PACKED_ATTENTION)
 
     @classmethod
     def load(cls, settings: ModelSettings, **from_pretrained_kwargs) -> LoadedModel:
@@ -88,15 +102,28 @@ class LoadedModel:
                  settings.device, time.perf_counter() - started)
         return cls(settings, model, tokenizer)
 
-    def new_cache(self) -> DynamicCache:
+    def new_cache(self) -> Cache:
         """An empty KV cache for one sequence."""
+        if self.packed:
+            return SequenceKV(self.model.config.num_hidden_layers)
         return DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, cache: Cache) -> torch.Tensor:
         """Runs input_ids [1, T] after the cached prefix, extending the cache; returns float32 logits [T, V]."""
+        if self.packed:
+            return packed_forward(self.model, [(input_ids[0].tolist(), cache, input_ids.shape[1])], self.device)[0]
         output = self.model(input_ids=input_ids.to(self.device), cache=cache, use_cache=True)
         return output.logits[0].float()
+
+    def forward_rows(self, rows: Sequence[tuple[Sequence[int], Cache, int]]) -> list[torch.Tensor]:
+        """Runs several sequences' new tokens, each after its own cached prefix: one packed pass when the model
+        packs, else one pass per row. rows: (token ids, cache, how many last positions need logits); returns
+        per row float32 logits [keep, V]."""
+        if self.packed:
+            return packed_forward(self.model, rows, self.device)
+        return [self.forward(torch.tensor([list(ids)], dtype=torch.long), cache)[len(ids) - keep:]
+                for ids, cache, keep in rows]
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:

@@ -1,4 +1,8 @@
-"""One verification round on the target's session: sync to base_len, score the draft, judge, commit."""
+"""Verification rounds on target sessions: sync to base_len, score the draft, judge, commit.
+
+`verify_rounds` runs the rounds of many sessions with a single scoring pass (continuous batching); a
+round that fails (stale base_len, context overflow, non-finite logits) fails alone.
+"""
 
 from __future__ import annotations
 
@@ -9,33 +13,75 @@ from dataclasses import dataclass
 import torch
 
 from specdec.errors import StaleBaseLenError
-from specdec.kv_session import KVSession
+from specdec.kv_session import KVSession, PlannedForward, run_forwards
 from specdec.sampling import SamplingParams, Verdict, logits_to_probs, rejection_sample
 
 
 @dataclass(frozen=True)
 class VerifyTiming:
-    """Where a round's time went inside the verifier, in nanoseconds."""
+    """Where a round's time went inside the verifier (ns), and the pass that scored it."""
 
-    forward_ns: int
+    forward_ns: int  # the whole scoring pass, shared by every round in it
     sampling_ns: int
+    batch_rows: int = 1  # rounds scored by that pass
+    batch_tokens: int = 0  # tokens it fed, over all its rows
+
+
+@dataclass(frozen=True)
+class VerifyJob:
+    """One round to run: draft_probs is q [γ, V], or None for one-hot q."""
+
+    session: KVSession
+    session_id: str
+    base_len: int
+    draft_tokens: Sequence[int]
+    draft_probs: torch.Tensor | None
+    params: SamplingParams
+
+
+def verify_rounds(jobs: Sequence[VerifyJob]) -> list[tuple[Verdict, VerifyTiming] | Exception]:
+    """Truncates each session to its base_len, scores every x_1..x_γ in one pass, judges and commits.
+
+    After a round its session holds exactly the committed sequence: base_len tokens + the accepted tokens +
+    the recovered or bonus token. Returns per job its verdict and timing, or the error that failed it alone.
+    """
+    results: list[tuple[Verdict, VerifyTiming] | Exception | None] = [None] * len(jobs)
+    planned: list[tuple[int, PlannedForward]] = []
+    for index, job in enumerate(jobs):
+        try:
+            if len(job.session) < job.base_len:
+                raise StaleBaseLenError(job.session_id, job.base_len, len(job.session))
+            job.session.truncate(job.base_len)
+            planned.append((index, job.session.plan_extend(job.draft_tokens)))
+        except Exception as error:  # noqa: BLE001 - reported to that round's caller only
+            results[index] = error
+    if not planned:
+        return results
+    started = time.perf_counter_ns()
+    all_logits = run_forwards([plan for _, plan in planned])  # per round [γ+1, V]
+    forward_ns = time.perf_counter_ns() - started
+    batch_tokens = sum(len(plan.token_ids) for _, plan in planned)
+    for (index, _), logits in zip(planned, all_logits):
+        job = jobs[index]
+        sampling_started = time.perf_counter_ns()
+        try:
+            p = logits_to_probs(logits, job.params)  # [γ+1, V]
+            verdict = rejection_sample(job.draft_tokens, job.draft_probs, p, job.params, start_position=job.base_len)
+        except Exception as error:  # noqa: BLE001
+            job.session.truncate(job.base_len)
+            results[index] = error
+            continue
+        job.session.truncate(job.base_len + verdict.num_accepted)
+        job.session.append([verdict.next_token])
+        results[index] = (verdict, VerifyTiming(forward_ns, time.perf_counter_ns() - sampling_started,
+                                                len(planned), batch_tokens))
+    return results
 
 
 def verify_round(session: KVSession, session_id: str, base_len: int, draft_tokens: Sequence[int],
                  draft_probs: torch.Tensor | None, params: SamplingParams) -> tuple[Verdict, VerifyTiming]:
-    """Truncates to base_len, scores x_1..x_γ in one forward pass, runs the rejection sampler and commits.
-
-    draft_probs: q [γ, V], or None for one-hot q. After the call the session holds exactly the committed
-    sequence: base_len tokens + the accepted tokens + the recovered or bonus token.
-    """
-    if len(session) < base_len:
-        raise StaleBaseLenError(session_id, base_len, len(session))
-    session.truncate(base_len)
-    started = time.perf_counter_ns()
-    logits = session.extend(draft_tokens)  # [γ+1, V]
-    scored = time.perf_counter_ns()
-    p = logits_to_probs(logits, params)  # [γ+1, V]
-    verdict = rejection_sample(draft_tokens, draft_probs, p, params, start_position=base_len)
-    session.truncate(base_len + verdict.num_accepted)
-    session.append([verdict.next_token])
-    return verdict, VerifyTiming(forward_ns=scored - started, sampling_ns=time.perf_counter_ns() - scored)
+    """One session's round (see verify_rounds); raises its error."""
+    result = verify_rounds([VerifyJob(session, session_id, base_len, draft_tokens, draft_probs, params)])[0]
+    if isinstance(result, Exception):
+        raise result
+    return result

@@ -5,17 +5,22 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 from specdec.errors import InvalidFieldError
-from specdec.kv_session import KVSession
+from specdec.kv_session import KVSession, run_forwards
 from specdec.model_runtime import LoadedModel
 from specdec.sampling import SamplingParams, Verdict
 from specdec.session_store import SessionStore
-from specdec.verification import VerifyTiming, verify_round
+from specdec.step_cost import calibrate
+from specdec.verification import VerifyJob, VerifyTiming, verify_rounds
 from verify_service.settings import VerifySettings
 from verify_service.tensor_parallel import TensorParallelLeader
+
+T = TypeVar("T")
+CALIBRATION_SESSION = "calibration"  # opened on the ranks and closed again before serving starts
 
 
 @dataclass
@@ -41,31 +46,75 @@ class VerifyService:
         self.model = model
         self.ranks = ranks
         self.sessions: SessionStore[TargetSession] = SessionStore(settings.max_sessions, lambda s: s.kv.cached_len)
+        self.step_cost = calibrate(self._session_model(CALIBRATION_SESSION))  # what a pass costs, for the policy
+        if ranks is not None:
+            ranks.close_session(CALIBRATION_SESSION)
 
     def _session_model(self, session_id: str):
         return self.model if self.ranks is None else self.ranks.session_model(session_id)
 
     def open(self, session_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> int:
         """Opens a session and prefills all prompt tokens but the last; returns the prefill time in ns."""
-        self.sessions.reserve(session_id)
+        return _one(self.open_many([(session_id, prompt_ids, params)]))
+
+    def open_many(self, opens: Sequence[tuple[str, Sequence[int], SamplingParams]]) -> list[int | Exception]:
+        """Opens sessions and prefills them in one pass; per open the prefill time in ns, or its error."""
+        results: list[int | Exception | None] = [None] * len(opens)
+        opened: list[tuple[int, KVSession]] = []
+        for index, (session_id, prompt_ids, params) in enumerate(opens):
+            try:
+                self.sessions.reserve(session_id)
+                kv = KVSession(self._session_model(session_id), prompt_ids)
+                self.sessions.add(session_id, TargetSession(kv, params))
+                opened.append((index, kv))
+            except Exception as error:  # noqa: BLE001 - that open fails alone
+                results[index] = error
         started = time.perf_counter_ns()
-        kv = KVSession(self._session_model(session_id), prompt_ids)
-        kv.prefill()
-        self.sessions.add(session_id, TargetSession(kv, params))
-        return time.perf_counter_ns() - started
+        try:
+            run_forwards([plan for _, kv in opened if (plan := kv.plan_prefill()) is not None])
+        except Exception:
+            for index, _ in opened:
+                self.close(opens[index][0])
+            raise
+        prefill_ns = time.perf_counter_ns() - started
+        for index, _ in opened:
+            results[index] = prefill_ns
+        return results
 
     def verify(self, session_id: str, base_len: int, draft_tokens: Sequence[int],
                draft_probs: torch.Tensor | None) -> tuple[Verdict, VerifyTiming, int]:
         """Runs one round (sync to base_len, score, judge, commit); returns the verdict, timing and new length."""
-        if len(draft_tokens) > self.settings.max_speculative_tokens:
-            raise InvalidFieldError("draft_token_ids", f"{len(draft_tokens)} tokens exceed the limit of "
-                                    f"{self.settings.max_speculative_tokens}")
-        session = self.sessions.get(session_id)
-        verdict, timing = verify_round(session.kv, session_id, base_len, draft_tokens, draft_probs, session.params)
-        return verdict, timing, len(session)
+        return _one(self.verify_many([(session_id, base_len, draft_tokens, draft_probs)]))
+
+    def verify_many(self, rounds: Sequence[tuple[str, int, Sequence[int], torch.Tensor | None]]
+                    ) -> list[tuple[Verdict, VerifyTiming, int] | Exception]:
+        """Runs the rounds of several sessions (one round per session) with one scoring pass; per round
+        (verdict, timing, new length) or the error that failed it alone."""
+        results: list[tuple[Verdict, VerifyTiming, int] | Exception | None] = [None] * len(rounds)
+        jobs: list[tuple[int, VerifyJob]] = []
+        for index, (session_id, base_len, draft_tokens, draft_probs) in enumerate(rounds):
+            try:
+                if len(draft_tokens) > self.settings.max_speculative_tokens:
+                    raise InvalidFieldError("draft_token_ids", f"{len(draft_tokens)} tokens exceed the limit of "
+                                            f"{self.settings.max_speculative_tokens}")
+                session = self.sessions.get(session_id)
+                jobs.append((index, VerifyJob(session.kv, session_id, base_len, draft_tokens, draft_probs,
+                                              session.params)))
+            except Exception as error:  # noqa: BLE001
+                results[index] = error
+        for (index, job), outcome in zip(jobs, verify_rounds([job for _, job in jobs])):
+            results[index] = outcome if isinstance(outcome, Exception) else (*outcome, len(job.session))
+        return results
 
     def close(self, session_id: str) -> bool:
         closed = self.sessions.close(session_id)
         if closed and self.ranks is not None:
             self.ranks.close_session(session_id)
         return closed
+
+
+def _one(results: Sequence[T | Exception]) -> T:
+    """The only result of a one-call batch; raises its error."""
+    if isinstance(results[0], Exception):
+        raise results[0]
+    return results[0]

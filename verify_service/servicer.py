@@ -1,39 +1,50 @@
-"""The Verifier gRPC servicer: decodes requests, calls VerifyService on the model thread, encodes replies."""
+"""The Verifier gRPC servicer: decodes requests, queues them for VerifyService's model thread, encodes replies.
+
+Opens and Verify calls that arrive while a step runs are batched into the next step (specdec/step_batcher.py).
+"""
 
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 
 from specdec.errors import DownstreamUnavailableError
+from specdec.step_batcher import StepBatcher
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from specdec.wire import check_token_ids, probs_from_proto, sampling_from_proto
 from verify_service.service import VerifyService
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
-    """Thin shell over VerifyService; model work runs on one worker thread so the event loop stays free.
+    """Thin shell over VerifyService; model work runs on one batching worker thread so the event loop stays free.
 
     Under tensor parallelism a failed rank group fails the calls in flight at once (`ranks_failed`, called
     on the event loop), even while the model thread is still stuck in a collective, and every later call.
     """
 
-    def __init__(self, service: VerifyService, tensor_parallel_size: int = 1):
+    def __init__(self, service: VerifyService, tensor_parallel_size: int = 1,
+                 on_step: Callable[[str, int], None] | None = None):
         self.service = service
         self.tensor_parallel_size = tensor_parallel_size
-        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-model")
+        self._batcher = StepBatcher({"open": service.open_many, "verify": service.verify_many},
+                                    service.settings.max_batch_size, "verify-model", on_step)
         self._ranks_failed = asyncio.Event()
 
     def ranks_failed(self) -> None:
         """The tensor-parallel group failed: wake the calls waiting on it."""
         self._ranks_failed.set()
 
-    async def _run(self, fn, *args):
+    async def _run(self, kind_or_fn: str | Callable, *args):
+        """Runs a batchable kind ("open", "verify") or a one-off function on the model thread."""
         ranks = self.service.ranks
+        if ranks is not None:
+            ranks.raise_if_failed()
+        if isinstance(kind_or_fn, str):
+            work = self._batcher.submit(kind_or_fn, *args)
+        else:
+            work = self._batcher.run(kind_or_fn, *args)
         if ranks is None:
-            return await asyncio.get_running_loop().run_in_executor(self._model_thread, fn, *args)
-        ranks.raise_if_failed()
-        work = asyncio.get_running_loop().run_in_executor(self._model_thread, fn, *args)
+            return await work
         failed = asyncio.ensure_future(self._ranks_failed.wait())
         try:
             await asyncio.wait([work, failed], return_when=asyncio.FIRST_COMPLETED)
@@ -48,23 +59,24 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     def close(self) -> None:
         """Ends the model thread once the server has stopped (without waiting for a step stuck on failed ranks)."""
         ranks = self.service.ranks
-        self._model_thread.shutdown(wait=ranks is None or ranks.failure is None, cancel_futures=True)
+        self._batcher.close(wait=ranks is None or ranks.failure is None)
 
     async def OpenSession(self, request: verifier_pb2.OpenVerifySessionRequest, context) -> verifier_pb2.OpenVerifySessionResponse:
         prompt = check_token_ids(request.prompt_token_ids, self.service.model.vocab_size, "prompt_token_ids")
         params = sampling_from_proto(request.sampling)
-        prefill_ns = await self._run(self.service.open, request.session_id, prompt, params)
+        prefill_ns = await self._run("open", request.session_id, prompt, params)
         return verifier_pb2.OpenVerifySessionResponse(session_len=len(prompt), prefill_ns=prefill_ns)
 
     async def Verify(self, request: verifier_pb2.VerifyRequest, context) -> verifier_pb2.VerifyResponse:
         vocab_size = self.service.model.vocab_size
         drafts = check_token_ids(request.draft_token_ids, vocab_size, "draft_token_ids", allow_empty=True)
         probs = probs_from_proto(request.draft_probs, len(drafts), vocab_size)
-        verdict, timing, session_len = await self._run(self.service.verify, request.session_id, request.base_len,
-                                                       drafts, probs)
+        verdict, timing, session_len = await self._run("verify", request.session_id, request.base_len, drafts,
+                                                       probs)
         return verifier_pb2.VerifyResponse(accepted_token_ids=verdict.accepted_tokens, next_token_id=verdict.next_token,
                                            is_bonus=verdict.is_bonus, session_len=session_len,
-                                           forward_ns=timing.forward_ns, sampling_ns=timing.sampling_ns)
+                                           forward_ns=timing.forward_ns, sampling_ns=timing.sampling_ns,
+                                           batch_rows=timing.batch_rows, batch_tokens=timing.batch_tokens)
 
     async def CloseSession(self, request: common_pb2.CloseSessionRequest, context) -> common_pb2.CloseSessionResponse:
         return common_pb2.CloseSessionResponse(closed=await self._run(self.service.close, request.session_id))
@@ -76,4 +88,5 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             tokenizer_sha256=model.identity.tokenizer_sha256, device=model.settings.device, dtype=model.settings.dtype,
             active_sessions=len(service.sessions), kv_cache_tokens=service.sessions.kv_cache_tokens(),
             max_sessions=service.sessions.max_sessions, max_context_tokens=model.max_context_tokens,
-            tensor_parallel_size=self.tensor_parallel_size)
+            tensor_parallel_size=self.tensor_parallel_size, step_cost_fixed_ns=service.step_cost.fixed_ns,
+            step_cost_per_token_ns=service.step_cost.per_token_ns)

@@ -22,6 +22,8 @@ class VerifySettings(ServerTlsSettings):
     dtype: str = setting("float32", "weight dtype: float32, bfloat16 or float16")
     threads: int = setting(1, "CPU threads per rank (0 = torch default)")
     max_sessions: int = setting(256, "most sessions held at once; more are refused with RESOURCE_EXHAUSTED")
+    max_batch_size: int = setting(32, "most calls run together in one model step (continuous batching; "
+                                        "1 = off: one session per step)")
     max_speculative_tokens: int = setting(16, "largest number of draft tokens one Verify may carry")
     grace_s: float = setting(10.0, "seconds in-flight calls get to finish after SIGTERM")
     metrics_port: int = setting(0, "port for Prometheus /metrics (0 = off)")

@@ -41,10 +41,9 @@ from typing import Protocol
 
 import torch
 import torch.distributed as dist
-from transformers import DynamicCache
 
 from specdec.errors import DownstreamUnavailableError
-from specdec.model_runtime import LoadedModel, ModelSettings
+from specdec.model_runtime import Cache, LoadedModel, ModelSettings
 from verify_service.settings import VerifySettings
 
 log = logging.getLogger(__name__)
@@ -213,7 +212,7 @@ class CacheMirror:
 
     def __init__(self, model: LoadedModel):
         self.model = model
-        self.caches: dict[str, DynamicCache] = {}
+        self.caches: dict[str, Cache] = {}
 
     def apply(self, op: Op) -> None:
         if isinstance(op, Forward):
@@ -287,8 +286,13 @@ class MirroredModel:
         self._leader = leader
         self._session_id = session_id
 
-    def forward(self, input_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, cache: Cache) -> torch.Tensor:
         return self._leader.forward(self._session_id, input_ids, cache)
+
+    def forward_rows(self, rows: Sequence[tuple[Sequence[int], Cache, int]]) -> list[torch.Tensor]:
+        """One mirrored forward per row (rows of one session; the ranks replay single-row forwards)."""
+        return [self.forward(torch.tensor([list(ids)], dtype=torch.long), cache)[len(ids) - keep:]
+                for ids, cache, keep in rows]
 
     def __getattr__(self, name: str):  # new_cache, max_context_tokens, vocab_size, ...: the real model's
         return getattr(self._leader.model, name)
@@ -357,7 +361,7 @@ class TensorParallelLeader:
         """The model a session's KVSession runs on."""
         return MirroredModel(self, session_id)
 
-    def forward(self, session_id: str, input_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    def forward(self, session_id: str, input_ids: torch.Tensor, cache: Cache) -> torch.Tensor:
         """Sends the forward to every rank, then runs it here: input_ids [1, T] -> logits [T, V]."""
         op = Forward(session_id, cache.get_seq_length(), tuple(input_ids[0].tolist()))
         with self._step():

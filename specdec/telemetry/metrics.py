@@ -129,6 +129,18 @@ def session_gauges(active_sessions: Callable[[], int], kv_cache_tokens: Callable
           registry=registry).set_function(kv_cache_tokens)
 
 
+@functools.cache
+def batch_size_histogram(registry: CollectorRegistry = REGISTRY) -> Histogram:
+    """Calls run together per model step on a replica, by kind (open, verify, propose)."""
+    return Histogram(PREFIX + "batch_size", "Calls batched into one model step", ["kind"],
+                     buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=registry)
+
+
+def observe_batch(kind: str, calls: int) -> None:
+    """Records one model step of `calls` batched calls (a StepBatcher on_step hook)."""
+    batch_size_histogram().labels(kind).observe(calls)
+
+
 def serve_metrics(port: int, registry: CollectorRegistry = REGISTRY) -> None:
     """Serves /metrics on port (all interfaces) from a background thread; 0 does nothing."""
     if port:

@@ -40,13 +40,15 @@ class ProposeRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., base_len: _Optional[int] = ..., appended_token_ids: _Optional[_Iterable[int]] = ..., num_speculative_tokens: _Optional[int] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("draft_token_ids", "draft_probs", "session_len", "draft_ns")
+    __slots__ = ("draft_token_ids", "draft_probs", "session_len", "draft_ns", "batch_rows")
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
     SESSION_LEN_FIELD_NUMBER: _ClassVar[int]
     DRAFT_NS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_probs: _common_pb2.ProbabilityMatrix
     session_len: int
     draft_ns: int
-    def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Union[_common_pb2.ProbabilityMatrix, _Mapping]] = ..., session_len: _Optional[int] = ..., draft_ns: _Optional[int] = ...) -> None: ...
+    batch_rows: int
+    def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Union[_common_pb2.ProbabilityMatrix, _Mapping]] = ..., session_len: _Optional[int] = ..., draft_ns: _Optional[int] = ..., batch_rows: _Optional[int] = ...) -> None: ...

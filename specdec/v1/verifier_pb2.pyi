@@ -38,17 +38,21 @@ class VerifyRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., base_len: _Optional[int] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Union[_common_pb2.ProbabilityMatrix, _Mapping]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("accepted_token_ids", "next_token_id", "is_bonus", "session_len", "forward_ns", "sampling_ns")
+    __slots__ = ("accepted_token_ids", "next_token_id", "is_bonus", "session_len", "forward_ns", "sampling_ns", "batch_rows", "batch_tokens")
     ACCEPTED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NEXT_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     IS_BONUS_FIELD_NUMBER: _ClassVar[int]
     SESSION_LEN_FIELD_NUMBER: _ClassVar[int]
     FORWARD_NS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_NS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     accepted_token_ids: _containers.RepeatedScalarFieldContainer[int]
     next_token_id: int
     is_bonus: bool
     session_len: int
     forward_ns: int
     sampling_ns: int
-    def __init__(self, accepted_token_ids: _Optional[_Iterable[int]] = ..., next_token_id: _Optional[int] = ..., is_bonus: _Optional[bool] = ..., session_len: _Optional[int] = ..., forward_ns: _Optional[int] = ..., sampling_ns: _Optional[int] = ...) -> None: ...
+    batch_rows: int
+    batch_tokens: int
+    def __init__(self, accepted_token_ids: _Optional[_Iterable[int]] = ..., next_token_id: _Optional[int] = ..., is_bonus: _Optional[bool] = ..., session_len: _Optional[int] = ..., forward_ns: _Optional[int] = ..., sampling_ns: _Optional[int] = ..., batch_rows: _Optional[int] = ..., batch_tokens: _Optional[int] = ...) -> None: ...

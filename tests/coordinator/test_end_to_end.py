@@ -21,8 +21,11 @@ MAX_NEW = 24
 
 @pytest.fixture(scope="module")
 def stack(tiny_pair_dirs):
+    """Fixed γ (adaptive γ changes which draws a sampled request uses, not their distribution: see
+    test_batching.py), so sampled outputs can be compared draw for draw with the reference loop."""
     target_dir, draft_dir = tiny_pair_dirs
-    with LocalStack(str(target_dir), str(draft_dir), coordinator_args=["--max-new-tokens-limit", "200"]) as running:
+    with LocalStack(str(target_dir), str(draft_dir),
+                    coordinator_args=["--max-new-tokens-limit", "200", "--no-adaptive-gamma"]) as running:
         yield running
 
 
@@ -31,7 +34,7 @@ def sequential_address(stack):
     """A second coordinator on the same replicas with overlap off."""
     service = start_service("coordinator-sequential", "coordinator", [
         "--tokenizer", stack.target, "--draft-replicas", stack.services["draft"].address,
-        "--verify-replicas", stack.services["verify"].address, "--no-overlap"], stack.log_dir)
+        "--verify-replicas", stack.services["verify"].address, "--no-overlap", "--no-adaptive-gamma"], stack.log_dir)
     yield service.address
     service.stop()
 

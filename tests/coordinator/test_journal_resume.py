@@ -16,7 +16,8 @@ from coordinator.redis_state import RedisKeys, connect
 from specdec.client import Client
 
 MAX_NEW = 100
-JOURNAL_ARGS = ["--lease-s", "2", "--lease-wait-s", "6", "--registry-ttl-s", "3", "--registry-refresh-s", "0.5",
+# Fixed γ: a resumed sampled request must reproduce the uninterrupted one draw for draw.
+JOURNAL_ARGS = ["--no-adaptive-gamma", "--lease-s", "2", "--lease-wait-s", "6", "--registry-ttl-s", "3", "--registry-refresh-s", "0.5",
                 "--max-new-tokens-limit", "240"]
 SAMPLED = dict(max_new_tokens=MAX_NEW, temperature=1.0, top_k=20, num_speculative_tokens=3, include_stats=True)
 GREEDY = dict(max_new_tokens=MAX_NEW, num_speculative_tokens=0)  # plain decoding: one token per round

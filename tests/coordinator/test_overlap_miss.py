@@ -43,7 +43,7 @@ def models(pair_dirs):
 @pytest.fixture(scope="module")
 def stack(pair_dirs):
     target_dir, draft_dir = pair_dirs
-    with LocalStack(str(target_dir), str(draft_dir), coordinator_args=["--overlap"]) as running:
+    with LocalStack(str(target_dir), str(draft_dir), coordinator_args=["--overlap", "--no-adaptive-gamma"]) as running:
         yield running
 
 

@@ -44,7 +44,9 @@ def target(pair_dirs):
 @pytest.fixture(scope="module")
 def client(pair_dirs):
     target_dir, draft_dir = pair_dirs
-    with LocalStack(str(target_dir), str(draft_dir)) as stack, Client(stack.address, timeout_s=120) as running:
+    # Fixed γ: the distribution test needs every request to draft exactly one token.
+    with (LocalStack(str(target_dir), str(draft_dir), coordinator_args=["--no-adaptive-gamma"]) as stack,
+          Client(stack.address, timeout_s=120) as running):
         yield running
 
 

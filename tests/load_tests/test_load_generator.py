@@ -23,7 +23,8 @@ def test_tiny_sweep_against_real_servers(tiny_pair_dirs, tmp_path, capsys):
     out = tmp_path / "out"
     report = main(["--start-stack", "--target", str(target_dir), "--draft", str(draft_dir), "--prompt-sets", "words",
                    "--concurrency", "1,2", "--rates", "20", "--requests", "3", "--max-new-tokens", "6",
-                   "--gamma", "3", "--warmup", "1", "--request-timeout-s", "60", "--out", str(out)])
+                   "--gamma", "3", "--warmup", "1", "--request-timeout-s", "60", "--out", str(out),
+                   "--coordinator-arg=--no-adaptive-gamma"])  # the tiny pair: adaptive γ would not draft at all
     printed = capsys.readouterr().out
     assert "spec/plain" in printed and printed.count("] ") >= 6  # a progress line per level, then the summary
 

@@ -40,8 +40,9 @@ def traced(tiny_pair_dirs, tmp_path_factory):
     spans_path = tmp_path_factory.mktemp("telemetry") / "spans.jsonl"
     coordinator_port, draft_port = free_port(), free_port()
     # The exporter comes from the environment, so the verify service honours it without a flag of its own.
+    # Fixed γ: every round drafts, so every round has draft spans (adaptive γ would not draft on the tiny pair).
     with LocalStack(str(target_dir), str(draft_dir), env={"SPECDEC_TRACE_EXPORTER": f"jsonl:{spans_path}"},
-                    coordinator_args=["--metrics-port", str(coordinator_port)],
+                    coordinator_args=["--metrics-port", str(coordinator_port), "--no-adaptive-gamma"],
                     draft_args=["--metrics-port", str(draft_port)]) as stack:
         yield TracedStack(stack, spans_path, coordinator_port, draft_port)
 

@@ -1,0 +1,80 @@
+"""How many tokens to draft next: expected tokens per unit time, with costs measured under the current load.
+
+A round that drafts γ tokens commits on average E(γ) = (1 - α^(γ+1)) / (1 - α) tokens (Leviathan et al.,
+α = the request's acceptance rate) and costs γ batched draft passes plus one verify pass. With R sessions
+in the verifier's batch, each feeding γ+1 tokens, that pass costs V(R·(γ+1)), where V is the verifier's
+measured pass cost (specdec/step_cost.py); a draft pass over the drafter's R_d sessions costs D(R_d).
+γ = 0 is plain decoding through the verifier: E = 1 at cost V(R). The policy picks, within [0, γ_max],
+the γ with the most tokens per unit time. On an idle verifier the fixed cost of a pass dominates and
+speculation pays; as the batch grows the per-token cost takes over, γ shrinks, and at some load plain
+decoding wins: speculation steps aside. Where that load lies follows from the measurements.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from specdec.step_cost import StepCost
+
+PRIOR_JUDGED = 8  # a request's own counts outweigh the coordinator-wide α after this many judged draft tokens
+INITIAL_ALPHA = 0.5  # before any round anywhere has been judged
+ROWS_SMOOTHING = 0.2  # weight of the newest pass in the running batch-size average
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """Mean tokens one round commits: accepted drafts plus the recovered or bonus token."""
+    if alpha >= 1.0:
+        return gamma + 1.0
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+@dataclass
+class PassLoad:
+    """One replica's measured pass cost and how many sessions its passes batch, refreshed by every reply."""
+
+    cost: StepCost
+    rows: float = 1.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def observe(self, tokens: int, ns: float, rows: int) -> None:
+        """A pass that fed `tokens` tokens for `rows` sessions took `ns`."""
+        self.cost.observe(tokens, ns)
+        if rows > 0:
+            with self._lock:
+                self.rows += ROWS_SMOOTHING * (rows - self.rows)
+
+
+class AcceptanceRate:
+    """The coordinator-wide α over recent rounds; the prior of every request's own estimate.
+
+    α is counted over *judged* draft tokens (accepted ones plus the first rejected one of a round): the
+    tokens after a rejection were never ruled on, so counting them would bias α low.
+    """
+
+    def __init__(self, smoothing: float = 0.02):
+        self.value = INITIAL_ALPHA
+        self._smoothing = smoothing
+
+    def observe(self, judged: int, accepted: int) -> None:
+        if judged:
+            self.value += self._smoothing * (accepted / judged - self.value)
+
+    def for_request(self, judged: int, accepted: int) -> float:
+        """A request's α: its own counts, shrunk toward the coordinator-wide rate while they are few."""
+        return (accepted + PRIOR_JUDGED * self.value) / (judged + PRIOR_JUDGED)
+
+
+def choose_gamma(alpha: float, max_gamma: int, verify: PassLoad, draft: PassLoad | None) -> int:
+    """The γ in [0, max_gamma] with the most expected committed tokens per unit time (0 = plain decoding)."""
+    rows = max(verify.rows, 1.0)
+    best_gamma, best_rate = 0, 1.0 / max(verify.cost.predict_ns(rows), 1.0)
+    if draft is None:
+        return 0
+    draft_pass_ns = draft.cost.predict_ns(max(draft.rows, 1.0))
+    for gamma in range(1, max_gamma + 1):
+        round_ns = gamma * draft_pass_ns + verify.cost.predict_ns(rows * (gamma + 1))
+        rate = expected_tokens(alpha, gamma) / max(round_ns, 1.0)
+        if rate > best_rate:
+            best_gamma, best_rate = gamma, rate
+    return best_gamma

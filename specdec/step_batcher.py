@@ -1,0 +1,153 @@
+"""Continuous batching of a service's model work on one worker thread.
+
+Calls are queued from the event loop. Each time the worker is free it takes everything queued, runs the
+one-off calls (close, ...) in arrival order, then every batchable kind (open, verify, propose) as batches
+of at most `max_batch_size` calls on distinct sessions (a call's first argument is its session id)
+through that kind's batch function, which does one model pass for all of them. Sessions thus join and leave the running batch between steps. `max_batch_size` 1 turns
+batching off (one call per step, in arrival order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+BatchFn = Callable[[Sequence[tuple]], Sequence[Any]]  # argument tuples -> per call a result or an Exception
+
+
+@dataclass(frozen=True)
+class _Call:
+    kind: str | None  # a batchable kind, or None for a one-off call of `fn`
+    fn: Callable[..., Any] | None
+    args: tuple
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+
+class StepBatcher:
+    """One worker thread that runs queued model work, batching calls of the same kind."""
+
+    def __init__(self, batch_fns: Mapping[str, BatchFn], max_batch_size: int, name: str,
+                 on_step: Callable[[str, int], None] | None = None):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.batch_fns = dict(batch_fns)
+        self.max_batch_size = max_batch_size
+        self.on_step = on_step  # (kind, calls in the batch), e.g. a batch-size histogram
+        self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, kind: str, *args) -> asyncio.Future:
+        """Queues one call of a batchable kind; the future resolves to its result or raises its error."""
+        if kind not in self.batch_fns:
+            raise KeyError(f"no batch function for {kind!r}")
+        return self._enqueue(kind, None, args)
+
+    def run(self, fn: Callable[..., Any], *args) -> asyncio.Future:
+        """Queues a one-off call on the worker thread (it runs between batches, never beside one)."""
+        return self._enqueue(None, fn, args)
+
+    def close(self, wait: bool = True) -> None:
+        """Stops the worker after the calls already queued (without waiting when wait is False)."""
+        self._queue.put(None)
+        if wait:
+            self._thread.join()
+
+    def _enqueue(self, kind: str | None, fn: Callable[..., Any] | None, args: tuple) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._queue.put(_Call(kind, fn, args, future, loop))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            calls = [first]
+            while not self._queue.empty():
+                call = self._queue.get_nowait()
+                if call is None:
+                    self._queue.put(None)  # stop after this round
+                    break
+                calls.append(call)
+            self._run_round(calls)
+
+    def _run_round(self, calls: list[_Call]) -> None:
+        """Runs one drain's calls. Batchable calls wait to be batched, except that a one-off call on a session
+        (e.g. its close) first runs the batches holding that session's earlier calls, so no call overtakes
+        an earlier one on the same session."""
+        by_kind: dict[str, list[_Call]] = {}
+        for call in calls:
+            if call.future.cancelled():
+                continue
+            if call.kind is not None:
+                by_kind.setdefault(call.kind, []).append(call)
+                continue
+            session = call.args[0] if call.args else None
+            if any(c.args[0] == session for pending in by_kind.values() for c in pending):
+                self._run_batches(by_kind)
+                by_kind = {}
+            self._run_one(call)
+        self._run_batches(by_kind)
+
+    def _run_batches(self, by_kind: dict[str, list[_Call]]) -> None:
+        for kind, pending in by_kind.items():
+            while pending:
+                batch, pending = self._next_batch(pending)
+                self._run_batch(kind, batch)
+
+    def _next_batch(self, pending: list[_Call]) -> tuple[list[_Call], list[_Call]]:
+        """Up to max_batch_size calls with distinct sessions (first argument), in arrival order; a second call
+        on a session already in the batch (a retry) waits for the next batch. Returns (batch, the rest)."""
+        batch: list[_Call] = []
+        rest: list[_Call] = []
+        sessions: set = set()
+        for call in pending:
+            if len(batch) < self.max_batch_size and call.args[0] not in sessions:
+                batch.append(call)
+                sessions.add(call.args[0])
+            else:
+                rest.append(call)
+        return batch, rest
+
+    def _run_one(self, call: _Call) -> None:
+        try:
+            result = call.fn(*call.args)
+        except Exception as error:  # noqa: BLE001 - handed to the caller
+            result = error
+        _settle(call, result)
+
+    def _run_batch(self, kind: str, batch: list[_Call]) -> None:
+        try:
+            results = self.batch_fns[kind]([call.args for call in batch])
+        except Exception as error:  # noqa: BLE001 - the whole step failed: every call in it gets the error
+            log.exception("%s step of %d calls failed", kind, len(batch))
+            results = [error] * len(batch)
+        if self.on_step is not None:
+            self.on_step(kind, len(batch))
+        for call, result in zip(batch, results):
+            _settle(call, result)
+
+
+def _settle(call: _Call, result: Any) -> None:
+    def settle() -> None:
+        if call.future.done():
+            return
+        if isinstance(result, BaseException):
+            call.future.set_exception(result)
+        else:
+            call.future.set_result(result)
+
+    try:
+        call.loop.call_soon_threadsafe(settle)
+    except RuntimeError:  # the event loop has closed: nobody waits for this call any more
+        pass

@@ -1,0 +1,72 @@
+"""What one model pass costs: time ≈ fixed + per_token × tokens fed, measured, never assumed.
+
+A service calibrates its model at start-up (a few packed passes of different sizes) and publishes the fit
+in its ServiceInfo; the coordinator then refines the fit from the timings every reply carries (forward_ns
+and batch_tokens of the pass that served it). Speculation policy reads costs from here
+(coordinator/speculation_policy.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from specdec.model_runtime import LoadedModel
+
+CALIBRATION_TOKENS = (1, 4, 16, 64)  # tokens per calibration pass (one row each)
+
+
+class StepCost:
+    """A linear fit of pass time (ns) against tokens fed, over the calibration points and recent passes."""
+
+    def __init__(self, fixed_ns: float, per_token_ns: float, window: int = 256):
+        # The calibration line, as two anchor points that stay in every fit (they keep the slope defined when
+        # live passes all have the same size); live observations come and go with the window.
+        self._anchors = [(1.0, fixed_ns + per_token_ns), (64.0, fixed_ns + 64 * per_token_ns)]
+        self._live: collections.deque[tuple[float, float]] = collections.deque(maxlen=window)
+        self._lock = threading.Lock()
+        self.fixed_ns = float(fixed_ns)
+        self.per_token_ns = float(per_token_ns)
+
+    def observe(self, tokens: int, ns: float) -> None:
+        """Adds one measured pass and refits."""
+        if tokens <= 0 or ns <= 0:
+            return
+        with self._lock:
+            self._live.append((float(tokens), float(ns)))
+            points = np.array([*self._anchors, *self._live])  # [n, 2]
+        if np.ptp(points[:, 0]) == 0:
+            return
+        per_token, fixed = np.polyfit(points[:, 0], points[:, 1], 1)
+        self.per_token_ns = max(float(per_token), 0.0)
+        self.fixed_ns = max(float(fixed), 0.0)
+
+    def predict_ns(self, tokens: float) -> float:
+        """Expected time of a pass feeding `tokens` tokens."""
+        return self.fixed_ns + self.per_token_ns * tokens
+
+
+def calibrate(model: LoadedModel, one_token_rows: bool = False, token_counts: Sequence[int] = CALIBRATION_TOKENS,
+              repeats: int = 3) -> StepCost:
+    """Times passes of each token count on fresh caches (median of `repeats`) and fits the line.
+
+    The tokens of a pass are one row (a verify block, a prefill) or, with one_token_rows, that many rows of
+    one token each (a batched draft position).
+    """
+    medians = []
+    for count in token_counts:
+        shape = [1] * count if one_token_rows else [count]  # tokens per row
+        times = []
+        for _ in range(repeats):
+            rows = [([1] * tokens, model.new_cache(), 1) for tokens in shape]
+            started = time.perf_counter_ns()
+            model.forward_rows(rows)
+            times.append(time.perf_counter_ns() - started)
+        medians.append(statistics.median(times))
+    per_token, fixed = np.polyfit(np.array(token_counts, dtype=float), np.array(medians, dtype=float), 1)
+    return StepCost(max(float(fixed), 0.0), max(float(per_token), 0.0))

@@ -1,0 +1,58 @@
+"""The γ policy on hand-made costs: speculation pays on an idle verifier and steps aside under load."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.speculation_policy import AcceptanceRate, PassLoad, choose_gamma, expected_tokens
+from specdec.step_cost import StepCost
+
+MS = 1e6
+
+
+def loads(verify_rows: float, fixed_ms=40.0, per_token_ms=2.0, draft_ms=4.0) -> tuple[PassLoad, PassLoad]:
+    verify = PassLoad(StepCost(fixed_ms * MS, per_token_ms * MS), rows=verify_rows)
+    draft = PassLoad(StepCost(draft_ms * MS, 0.0), rows=verify_rows)
+    return verify, draft
+
+
+def test_expected_tokens_follows_the_closed_form():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+
+
+def test_an_idle_verifier_with_a_fixed_cost_speculates():
+    verify, draft = loads(verify_rows=1)
+    assert choose_gamma(0.6, 8, verify, draft) >= 2
+
+
+def test_gamma_shrinks_as_the_batch_grows_and_reaches_plain_decoding():
+    chosen = [choose_gamma(0.6, 8, *loads(verify_rows=rows)) for rows in (1, 2, 4, 8, 16, 32, 64)]
+    assert chosen == sorted(chosen, reverse=True)
+    assert chosen[0] > 0 and chosen[-1] == 0
+
+
+def test_acceptance_sets_the_depth():
+    verify, draft = loads(verify_rows=1)
+    assert choose_gamma(0.02, 8, verify, draft) == 0  # a draft the target never agrees with is not worth a pass
+    assert choose_gamma(0.99, 8, verify, draft) == 8  # nearly free tokens: as deep as allowed
+    assert choose_gamma(0.99, 3, verify, draft) == 3
+    assert choose_gamma(0.99, 8, verify, None) == 0
+
+
+def test_costs_and_batch_size_are_learned_from_replies():
+    verify, _ = loads(verify_rows=1, fixed_ms=40.0, per_token_ms=0.0)  # calibration said: tokens are free
+    for rows in (4, 8, 16, 32, 4, 8, 16, 32):
+        verify.observe(tokens=5 * rows, ns=(40.0 + 3.0 * 5 * rows) * MS, rows=rows)  # live: 3 ms per token
+    assert verify.cost.per_token_ns > 1.5 * MS
+    assert 8 < verify.rows < 32
+
+
+def test_a_requests_acceptance_moves_from_the_global_rate_to_its_own():
+    rate = AcceptanceRate()
+    for _ in range(400):
+        rate.observe(judged=4, accepted=3)
+    assert rate.value == pytest.approx(0.75, abs=0.01)
+    assert rate.for_request(0, 0) == pytest.approx(0.75, abs=0.01)
+    assert rate.for_request(judged=200, accepted=20) < 0.15

@@ -1,0 +1,75 @@
+"""Packed forwards: rows of different lengths in one pass give each row exactly its own logits."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import LlamaConfig, MistralConfig
+
+from specdec.kv_session import KVSession, run_forwards
+from specdec.packed_forward import SequenceKV, supports_packed_forward
+
+
+@torch.inference_mode()
+def reference_logits(target, tokens: list[int]) -> torch.Tensor:
+    """Logits of every position from transformers' own attention on one unpadded sequence, [T, V]."""
+    return target.model(input_ids=torch.tensor([tokens])).logits[0].float()
+
+
+def test_rows_of_different_lengths_match_one_sequence_at_a_time(tiny_pair):
+    target, _ = tiny_pair
+    assert target.packed
+    rng = random.Random(3)
+    sessions = [KVSession(target, [rng.randrange(1, 64) for _ in range(length)]) for length in (1, 2, 7, 30, 55)]
+    # Pass 1 mixes prefills of every length; pass 2 scores blocks of different sizes after them.
+    run_forwards([plan for s in sessions if (plan := s.plan_prefill()) is not None])
+    blocks = [[rng.randrange(1, 64) for _ in range(size)] for size in (0, 1, 4, 2, 6)]
+    results = run_forwards([s.plan_extend(block) for s, block in zip(sessions, blocks)])
+    for session, block, logits in zip(sessions, blocks, results):
+        expected = reference_logits(target, session.tokens)[-(len(block) + 1):]  # [γ+1, V]
+        assert logits.shape == expected.shape
+        torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
+
+
+def test_rollback_then_packed_extend_matches_a_fresh_sequence(tiny_pair):
+    target, _ = tiny_pair
+    rng = random.Random(5)
+    sessions = [KVSession(target, [rng.randrange(1, 64) for _ in range(length)]) for length in (4, 12, 20)]
+    for _ in range(20):  # random verify-like rounds: extend, keep a random prefix, repeat, all rows together
+        blocks = [[rng.randrange(1, 64) for _ in range(rng.randint(0, 5))] for _ in sessions]
+        results = run_forwards([s.plan_extend(block) for s, block in zip(sessions, blocks)])
+        for session, block, logits in zip(sessions, blocks, results):
+            torch.testing.assert_close(logits, reference_logits(target, session.tokens)[-(len(block) + 1):],
+                                       atol=1e-4, rtol=0)
+            session.truncate(len(session) - rng.randint(0, len(block)))
+
+
+def test_buffers_grow_past_their_first_capacity_and_keep_their_contents():
+    kv = SequenceKV(num_layers=1)
+    written = torch.randn(2, 100, 4)  # [H_kv, n, D]
+    for start in range(0, 100, 10):
+        kv.write(0, start, written[:, start:start + 10], written[:, start:start + 10])
+    keys, _ = kv.write(0, 100, written[:, :1], written[:, :1])
+    assert keys.shape == (2, 101, 4)
+    torch.testing.assert_close(keys[:, :100], written)
+    kv.length = 101
+    kv.crop(-30)
+    assert kv.get_seq_length() == 71
+    with pytest.raises(ValueError, match="negative"):
+        kv.crop(3)
+
+
+def test_models_with_attention_it_cannot_reproduce_run_one_sequence_per_pass():
+    assert supports_packed_forward(LlamaConfig())
+    assert not supports_packed_forward(MistralConfig(sliding_window=16))
+    assert not supports_packed_forward(LlamaConfig(layer_types=["sliding_attention", "full_attention"],
+                                                   num_hidden_layers=2))
+
+
+def test_transformers_generate_still_works_on_a_packed_model(tiny_pair):
+    target, _ = tiny_pair
+    prompt = torch.tensor([[5, 9, 2]])
+    generated = target.model.generate(prompt, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert torch.equal(generated[0, 3:4], reference_logits(target, [5, 9, 2])[-1].argmax().reshape(1))

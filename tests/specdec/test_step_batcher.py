@@ -1,0 +1,91 @@
+"""StepBatcher: calls that queue while a step runs are batched, one call per session, errors stay per call."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from specdec.step_batcher import StepBatcher
+
+
+class Recorder:
+    """A batch function that records each batch and can be held while calls queue up behind it."""
+
+    def __init__(self):
+        self.batches: list[list[tuple]] = []
+        self.release = threading.Event()
+
+    def __call__(self, calls):
+        self.release.wait(5)
+        self.batches.append(list(calls))
+        return [ValueError(f"bad {args[0]}") if args[1] < 0 else args[1] * 10 for args in calls]
+
+
+def run(coroutine):
+    return asyncio.run(asyncio.wait_for(coroutine, 10))
+
+
+async def queued_behind_a_held_step(batcher: StepBatcher, recorder: Recorder, calls: list[tuple]):
+    """Sends one call, then `calls` while it is held, then lets everything run; returns all outcomes."""
+    first = batcher.submit("step", "first", 1)
+    await asyncio.sleep(0.05)  # the worker has taken `first` and waits on the event
+    rest = [batcher.submit("step", *args) for args in calls]
+    recorder.release.set()
+    return await asyncio.gather(first, *rest, return_exceptions=True)
+
+
+def test_calls_that_queue_during_a_step_run_as_one_batch():
+    recorder = Recorder()
+    batcher = StepBatcher({"step": recorder}, max_batch_size=8, name="test")
+    outcomes = run(queued_behind_a_held_step(batcher, recorder, [("a", 2), ("b", 3), ("c", 4)]))
+    batcher.close()
+    assert outcomes == [10, 20, 30, 40]
+    assert [len(batch) for batch in recorder.batches] == [1, 3]
+
+
+def test_batches_hold_one_call_per_session_and_respect_the_size_limit():
+    recorder = Recorder()
+    batcher = StepBatcher({"step": recorder}, max_batch_size=2, name="test")
+    calls = [("a", 1), ("a", 2), ("b", 3), ("c", 4)]
+    outcomes = run(queued_behind_a_held_step(batcher, recorder, calls))
+    batcher.close()
+    assert outcomes == [10, 10, 20, 30, 40]
+    assert [[args[0] for args in batch] for batch in recorder.batches] == [["first"], ["a", "b"], ["a", "c"]]
+    assert [args[1] for args in recorder.batches[2] if args[0] == "a"] == [2]  # a session's calls keep their order
+
+
+def test_an_error_fails_its_own_call_only():
+    recorder = Recorder()
+    batcher = StepBatcher({"step": recorder}, max_batch_size=8, name="test")
+    outcomes = run(queued_behind_a_held_step(batcher, recorder, [("a", -1), ("b", 2)]))
+    batcher.close()
+    assert outcomes[0] == 10 and isinstance(outcomes[1], ValueError) and outcomes[2] == 20
+
+
+def test_batch_size_one_runs_every_call_alone_in_arrival_order():
+    recorder = Recorder()
+    batcher = StepBatcher({"step": recorder}, max_batch_size=1, name="test")
+    run(queued_behind_a_held_step(batcher, recorder, [("a", 1), ("b", 2), ("c", 3)]))
+    batcher.close()
+    assert [batch[0][0] for batch in recorder.batches] == ["first", "a", "b", "c"]
+
+
+def test_one_off_calls_and_a_failing_step():
+    def broken(calls):
+        raise RuntimeError("model failed")
+
+    batcher = StepBatcher({"step": broken}, max_batch_size=4, name="test")
+
+    async def main():
+        assert await batcher.run(lambda x: x + 1, 41) == 42
+        with pytest.raises(RuntimeError, match="model failed"):
+            await batcher.submit("step", "a", 1)
+        with pytest.raises(KeyError):
+            batcher.submit("unknown", "a")
+
+    run(main())
+    batcher.close()
+    with pytest.raises(ValueError, match="max_batch_size"):
+        StepBatcher({}, max_batch_size=0, name="test")
