@@ -23,7 +23,8 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
     def __init__(self, service: DraftService, on_step: Callable[[str, int], None] | None = None):
         self.service = service
         self._batcher = StepBatcher({"open": service.open_many, "propose": service.propose_many},
-                                    service.settings.max_batch_size, "draft-model", on_step)
+                                    service.settings.max_batch_size, "draft-model", on_step,
+                                    service.settings.max_batch_wait_ms / 1000)
 
     def close(self) -> None:
         """Ends the model thread once the server has stopped."""

@@ -22,6 +22,8 @@ class DraftSettings(ServerTlsSettings):
     max_sessions: int = setting(256, "most sessions held at once; more are refused with RESOURCE_EXHAUSTED")
     max_batch_size: int = setting(32, "most calls run together in one model step (continuous batching; "
                                         "1 = off: one session per step)")
+    max_batch_wait_ms: float = setting(10.0, "longest a step waits for sessions served in the last steps whose "
+                                             "next call is still on its way (0 = run what is queued)")
     max_speculative_tokens: int = setting(16, "largest num_speculative_tokens a Propose may ask for")
     default_draft_method: str = setting("model", "draft method for sessions that name none: model or ngram")
     ngram_min: int = setting(1, "n-gram drafter: shortest suffix matched")

@@ -5,6 +5,11 @@ one-off calls (close, ...) in arrival order, then every batchable kind (open, ve
 of at most `max_batch_size` calls on distinct sessions (a call's first argument is its session id)
 through that kind's batch function, which does one model pass for all of them. Sessions thus join and leave the running batch between steps. `max_batch_size` 1 turns
 batching off (one call per step, in arrival order).
+
+In a disaggregated stack every step of a session is a round trip: its next call leaves the coordinator only
+after the previous reply arrived. Taking only what is queued would then let two sessions alternate, one row
+per step. So before a step the worker waits, at most `max_wait_s`, for the sessions it served recently
+(within two step durations) that have not called again yet.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,12 +41,15 @@ class StepBatcher:
     """One worker thread that runs queued model work, batching calls of the same kind."""
 
     def __init__(self, batch_fns: Mapping[str, BatchFn], max_batch_size: int, name: str,
-                 on_step: Callable[[str, int], None] | None = None):
+                 on_step: Callable[[str, int], None] | None = None, max_wait_s: float = 0.0):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.batch_fns = dict(batch_fns)
         self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_s if max_batch_size > 1 else 0.0
         self.on_step = on_step  # (kind, calls in the batch), e.g. a batch-size histogram
+        self._recent: dict[object, float] = {}  # session -> when a step last served it (monotonic s)
+        self._step_s = 0.0  # running average of a round's duration
         self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
@@ -79,7 +88,28 @@ class StepBatcher:
                     self._queue.put(None)  # stop after this round
                     break
                 calls.append(call)
+            self._wait_for_recent_sessions(calls)
+            started = time.monotonic()
             self._run_round(calls)
+            self._step_s += 0.2 * (time.monotonic() - started - self._step_s)
+
+    def _wait_for_recent_sessions(self, calls: list[_Call]) -> None:
+        """Adds calls arriving within max_wait_s while sessions served in the last two steps are missing."""
+        if self.max_wait_s <= 0 or all(call.kind is None for call in calls):
+            return
+        now = time.monotonic()
+        self._recent = {s: seen for s, seen in self._recent.items() if now - seen < 2 * self._step_s + self.max_wait_s}
+        expected = set(self._recent)
+        deadline = now + self.max_wait_s
+        while expected - {call.args[0] for call in calls if call.kind is not None}:
+            try:
+                call = self._queue.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                return
+            if call is None:
+                self._queue.put(None)
+                return
+            calls.append(call)
 
     def _run_round(self, calls: list[_Call]) -> None:
         """Runs one drain's calls. Batchable calls wait to be batched, except that a one-off call on a session
@@ -120,6 +150,8 @@ class StepBatcher:
         return batch, rest
 
     def _run_one(self, call: _Call) -> None:
+        if call.args:
+            self._recent.pop(call.args[0], None)  # e.g. a close: do not wait for that session any more
         try:
             result = call.fn(*call.args)
         except Exception as error:  # noqa: BLE001 - handed to the caller
@@ -132,6 +164,9 @@ class StepBatcher:
         except Exception as error:  # noqa: BLE001 - the whole step failed: every call in it gets the error
             log.exception("%s step of %d calls failed", kind, len(batch))
             results = [error] * len(batch)
+        served = time.monotonic()
+        for call in batch:
+            self._recent[call.args[0]] = served
         if self.on_step is not None:
             self.on_step(kind, len(batch))
         for call, result in zip(batch, results):

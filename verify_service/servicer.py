@@ -27,7 +27,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self.service = service
         self.tensor_parallel_size = tensor_parallel_size
         self._batcher = StepBatcher({"open": service.open_many, "verify": service.verify_many},
-                                    service.settings.max_batch_size, "verify-model", on_step)
+                                    service.settings.max_batch_size, "verify-model", on_step,
+                                    service.settings.max_batch_wait_ms / 1000)
         self._ranks_failed = asyncio.Event()
 
     def ranks_failed(self) -> None:

@@ -24,6 +24,8 @@ class VerifySettings(ServerTlsSettings):
     max_sessions: int = setting(256, "most sessions held at once; more are refused with RESOURCE_EXHAUSTED")
     max_batch_size: int = setting(32, "most calls run together in one model step (continuous batching; "
                                         "1 = off: one session per step)")
+    max_batch_wait_ms: float = setting(10.0, "longest a step waits for sessions served in the last steps whose "
+                                             "next call is still on its way (0 = run what is queued)")
     max_speculative_tokens: int = setting(16, "largest number of draft tokens one Verify may carry")
     grace_s: float = setting(10.0, "seconds in-flight calls get to finish after SIGTERM")
     metrics_port: int = setting(0, "port for Prometheus /metrics (0 = off)")
