@@ -236,6 +236,7 @@ class Generation:
         self._count_call("draft", call, draft=reply.draft_ns)
         if draft.load is not None and num_tokens and reply.batch_rows:  # one pass per drafted position
             draft.load.observe(reply.batch_rows, reply.draft_ns / num_tokens, reply.batch_rows)
+            draft.load.observe_call(call.wire_ns)
         probs = reply.draft_probs if reply.HasField("draft_probs") and reply.draft_probs.rows else None
         return DraftBlock(list(reply.draft_token_ids), probs)
 
@@ -285,6 +286,7 @@ class Generation:
         self._count_call("verify", call, verify=reply.forward_ns, sampling=reply.sampling_ns)
         if self.verify.load is not None:
             self.verify.load.observe(reply.batch_tokens, reply.forward_ns, reply.batch_rows)
+            self.verify.load.observe_call(call.wire_ns)
         return reply
 
     def _commit(self, block: DraftBlock, verdict: verifier_pb2.VerifyResponse, round_span: Context) -> Chunk:

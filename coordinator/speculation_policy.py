@@ -1,10 +1,11 @@
 """How many tokens to draft next: expected tokens per unit time, with costs measured under the current load.
 
 A round that drafts γ tokens commits on average E(γ) = (1 - α^(γ+1)) / (1 - α) tokens (Leviathan et al.,
-α = the request's acceptance rate) and costs γ batched draft passes plus one verify pass. With R sessions
-in the verifier's batch, each feeding γ+1 tokens, that pass costs V(R·(γ+1)), where V is the verifier's
-measured pass cost (specdec/step_cost.py); a draft pass over the drafter's R_d sessions costs D(R_d).
-γ = 0 is plain decoding through the verifier: E = 1 at cost V(R). The policy picks, within [0, γ_max],
+α = the request's acceptance rate) and costs γ batched draft passes plus one verify pass, plus the time each
+call spends outside the services (wire, queueing, the coordinator's own work: W_d, W_v, measured per call).
+With R sessions in the verifier's batch, each feeding γ+1 tokens, the verify pass costs V(R·(γ+1)), where V is
+the verifier's measured pass cost (specdec/step_cost.py); a draft pass over the drafter's R_d sessions costs
+D(R_d). γ = 0 is plain decoding through the verifier: E = 1 at cost V(R) + W_v, with no drafter call. The policy picks, within [0, γ_max],
 the γ with the most tokens per unit time. On an idle verifier the fixed cost of a pass dominates and
 speculation pays; as the batch grows the per-token cost takes over, γ shrinks, and at some load plain
 decoding wins: speculation steps aside. Where that load lies follows from the measurements.
@@ -35,6 +36,7 @@ class PassLoad:
 
     cost: StepCost
     rows: float = 1.0
+    call_overhead_ns: float = 0.0  # running average of a call's time outside the service
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def observe(self, tokens: int, ns: float, rows: int) -> None:
@@ -43,6 +45,11 @@ class PassLoad:
         if rows > 0:
             with self._lock:
                 self.rows += ROWS_SMOOTHING * (rows - self.rows)
+
+    def observe_call(self, outside_ns: float) -> None:
+        """A call to this replica spent `outside_ns` on the wire, queued, or in the coordinator."""
+        with self._lock:
+            self.call_overhead_ns += ROWS_SMOOTHING * (outside_ns - self.call_overhead_ns)
 
 
 class AcceptanceRate:
@@ -68,12 +75,13 @@ class AcceptanceRate:
 def choose_gamma(alpha: float, max_gamma: int, verify: PassLoad, draft: PassLoad | None) -> int:
     """The γ in [0, max_gamma] with the most expected committed tokens per unit time (0 = plain decoding)."""
     rows = max(verify.rows, 1.0)
-    best_gamma, best_rate = 0, 1.0 / max(verify.cost.predict_ns(rows), 1.0)
+    best_gamma, best_rate = 0, 1.0 / max(verify.cost.predict_ns(rows) + verify.call_overhead_ns, 1.0)
     if draft is None:
         return 0
     draft_pass_ns = draft.cost.predict_ns(max(draft.rows, 1.0))
     for gamma in range(1, max_gamma + 1):
-        round_ns = gamma * draft_pass_ns + verify.cost.predict_ns(rows * (gamma + 1))
+        round_ns = (gamma * draft_pass_ns + draft.call_overhead_ns + verify.cost.predict_ns(rows * (gamma + 1))
+                    + verify.call_overhead_ns)
         rate = expected_tokens(alpha, gamma) / max(round_ns, 1.0)
         if rate > best_rate:
             best_gamma, best_rate = gamma, rate

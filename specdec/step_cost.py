@@ -9,6 +9,7 @@ and batch_tokens of the pass that served it). Speculation policy reads costs fro
 from __future__ import annotations
 
 import collections
+import logging
 import statistics
 import threading
 import time
@@ -17,6 +18,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from specdec.model_runtime import LoadedModel
+
+log = logging.getLogger(__name__)
 
 CALIBRATION_TOKENS = (1, 4, 16, 64)  # tokens per calibration pass (one row each)
 
@@ -69,4 +72,7 @@ def calibrate(model: LoadedModel, one_token_rows: bool = False, token_counts: Se
             times.append(time.perf_counter_ns() - started)
         medians.append(statistics.median(times))
     per_token, fixed = np.polyfit(np.array(token_counts, dtype=float), np.array(medians, dtype=float), 1)
-    return StepCost(max(float(fixed), 0.0), max(float(per_token), 0.0))
+    cost = StepCost(max(float(fixed), 0.0), max(float(per_token), 0.0))
+    log.info("pass cost of %s: %.2f ms + %.3f ms per %s", model.settings.model, cost.fixed_ns / 1e6,
+             cost.per_token_ns / 1e6, "session" if one_token_rows else "token")
+    return cost

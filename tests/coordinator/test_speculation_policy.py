@@ -56,3 +56,11 @@ def test_a_requests_acceptance_moves_from_the_global_rate_to_its_own():
     assert rate.value == pytest.approx(0.75, abs=0.01)
     assert rate.for_request(0, 0) == pytest.approx(0.75, abs=0.01)
     assert rate.for_request(judged=200, accepted=20) < 0.15
+
+
+def test_time_outside_the_services_is_paid_once_more_per_speculative_round():
+    verify, draft = loads(verify_rows=8)
+    without = choose_gamma(0.6, 8, verify, draft)
+    for _ in range(50):
+        draft.observe_call(60 * MS)  # a drafter call that waits long outside the service
+    assert 0 == choose_gamma(0.6, 8, verify, draft) <= without
