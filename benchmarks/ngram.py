@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
     out_dir = results_dir(args.out_dir, args.quick)
     gammas = {"plain": 0, "ngram": args.ngram_gamma, "model": args.gamma}
     service_args = ["--threads", str(args.threads)]
-    coordinator_args = ["--no-overlap"] if args.no_overlap else ["--overlap"]
+    coordinator_args = ["--no-overlap" if args.no_overlap else "--overlap", "--no-adaptive-gamma"]  # the γ asked for
 
     sets = {}
     with LocalStack(args.target, args.draft, draft_args=service_args, verify_args=service_args,

@@ -132,10 +132,12 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = prompt_texts(args.prompt_set, args.prompts)
     service_args = ["--threads", str(args.threads)]
 
-    with LocalStack(args.target, args.draft, draft_args=service_args, verify_args=service_args) as stack:
+    fixed_gamma = ["--no-adaptive-gamma"]  # both modes draft the same γ every round
+    with LocalStack(args.target, args.draft, draft_args=service_args, verify_args=service_args,
+                    coordinator_args=fixed_gamma) as stack:
         sequential = start_service("coordinator-sequential", "coordinator", [
             "--tokenizer", args.target, "--draft-replicas", stack.services["draft"].address,
-            "--verify-replicas", stack.services["verify"].address, "--no-overlap"], stack.log_dir)
+            "--verify-replicas", stack.services["verify"].address, "--no-overlap", *fixed_gamma], stack.log_dir)
         try:
             with Client(stack.address) as overlapped_client, Client(sequential.address) as sequential_client:
                 clients = {"overlapped": overlapped_client, "sequential": sequential_client}

@@ -120,6 +120,7 @@ def start_stack(config: BenchConfig, progress: Progress) -> tuple[LocalStack, di
         _start_together(stack, replicas)
         wiring = ["--tokenizer", config.target, "--draft-replicas", stack.services["draft"].address,
                   "--verify-replicas", stack.services["verify"].address]
+        wiring.append("--no-adaptive-gamma")  # every round drafts the γ under test
         _start_together(stack, {"coordinator": ("coordinator", [*wiring, "--overlap"]),
                                 "coordinator-sequential": ("coordinator", [*wiring, "--no-overlap"])})
     except BaseException:

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, PretrainedConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 PACKED_ATTENTION = "specdec_packed"
 _MIN_CAPACITY = 64
@@ -120,6 +121,7 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
 
 
 AttentionInterface.register(PACKED_ATTENTION, packed_attention)
+AttentionMaskInterface.register(PACKED_ATTENTION, sdpa_mask)  # the masks plain transformers calls need (sdpa's)
 
 
 def supports_packed_forward(config: PretrainedConfig) -> bool:

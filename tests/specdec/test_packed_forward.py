@@ -68,8 +68,15 @@ def test_models_with_attention_it_cannot_reproduce_run_one_sequence_per_pass():
                                                    num_hidden_layers=2))
 
 
-def test_transformers_generate_still_works_on_a_packed_model(tiny_pair):
-    target, _ = tiny_pair
+def test_transformers_generation_still_works_on_a_packed_model(tiny_pair):
+    """Plain and assisted generate() (several new tokens after a cache: needs a real causal mask)."""
+    target, draft = tiny_pair
     prompt = torch.tensor([[5, 9, 2]])
-    generated = target.model.generate(prompt, max_new_tokens=5, do_sample=False, pad_token_id=0)
-    assert torch.equal(generated[0, 3:4], reference_logits(target, [5, 9, 2])[-1].argmax().reshape(1))
+    plain = target.model.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    tokens = [5, 9, 2]
+    for _ in range(plain.shape[1] - 3):  # the greedy continuation, one full forward per token
+        tokens.append(int(reference_logits(target, tokens)[-1].argmax()))
+    assert plain[0].tolist() == tokens
+    assisted = target.model.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0,
+                                     assistant_model=draft.model)
+    assert assisted[0].tolist() == tokens
