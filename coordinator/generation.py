@@ -39,6 +39,7 @@ from specdec.wire import sampling_to_proto
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+FAILED_DRAFTER_CLOSE_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class Generation:
         self.acceptance = acceptance  # the coordinator-wide α; None: every block drafts plan.gamma tokens
         self.on_draft_unavailable = on_draft_unavailable  # e.g. take the replica out of placement
         self.draft = draft if plan.gamma > 0 else None
+        self._draft_holding_session = self.draft  # still closed at the end if the drafter fails mid-request
         self.verify = verify
         self.text = text
         self.timeout = call_timeout_s
@@ -174,12 +176,17 @@ class Generation:
             call.inside(f"{lane}.prefill", lane, reply.prefill_ns)
 
     async def _close_sessions(self) -> None:
+        """Closes the sessions on both replicas, the drafter's too after a fallback (it may be back, or only
+        slow): there with a short deadline, since it already failed once."""
         request = common_pb2.CloseSessionRequest(session_id=self.plan.request_id)
-        replicas = [(r, lane) for r, lane in ((self.verify, "verify"), (self.draft, "draft")) if r is not None]
+        replicas = [(r, lane) for r, lane in ((self.verify, "verify"), (self._draft_holding_session, "draft"))
+                    if r is not None]
 
         async def close(replica: Replica, lane: str, parent: Context) -> None:
+            failed_drafter = lane == "draft" and self.draft is None
             with self.telemetry.remote_call(f"{lane}.close_session", parent):
-                await replica.stub.CloseSession(request, timeout=self.timeout)
+                await replica.stub.CloseSession(request, timeout=min(self.timeout, FAILED_DRAFTER_CLOSE_TIMEOUT_S)
+                                                if failed_drafter else self.timeout)
 
         with self.telemetry.stage("close_sessions") as parent:
             results = await asyncio.gather(*(close(r, lane, parent) for r, lane in replicas), return_exceptions=True)
@@ -303,8 +310,8 @@ class Generation:
                 self._judged += judged
                 self.acceptance.observe(judged, accepted)
             self.committed.extend([*verdict.accepted_token_ids, verdict.next_token_id])
-            # The drafter already holds the accepted prefix of its block.
-            self.draft_synced_len = base_len + accepted
+            if drafted:  # the drafter holds the accepted prefix of its block (a plain round leaves it as it was)
+                self.draft_synced_len = base_len + accepted
             return self.text.add([*verdict.accepted_token_ids, verdict.next_token_id])
 
     async def _rounds(self) -> AsyncIterator[Chunk]:
