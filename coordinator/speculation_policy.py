@@ -13,8 +13,7 @@ decoding wins: speculation steps aside. Where that load lies follows from the me
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from specdec.step_cost import StepCost
 
@@ -37,19 +36,16 @@ class PassLoad:
     cost: StepCost
     rows: float = 1.0
     call_overhead_ns: float = 0.0  # running average of a call's time outside the service
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def observe(self, tokens: int, ns: float, rows: int) -> None:
         """A pass that fed `tokens` tokens for `rows` sessions took `ns`."""
         self.cost.observe(tokens, ns)
         if rows > 0:
-            with self._lock:
-                self.rows += ROWS_SMOOTHING * (rows - self.rows)
+            self.rows += ROWS_SMOOTHING * (rows - self.rows)
 
     def observe_call(self, outside_ns: float) -> None:
         """A call to this replica spent `outside_ns` on the wire, queued, or in the coordinator."""
-        with self._lock:
-            self.call_overhead_ns += ROWS_SMOOTHING * (outside_ns - self.call_overhead_ns)
+        self.call_overhead_ns += ROWS_SMOOTHING * (outside_ns - self.call_overhead_ns)
 
 
 class AcceptanceRate:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 from draft_service.drafter import DraftSession, Proposal
 from draft_service.model_drafter import ModelDraftSession
@@ -17,10 +16,10 @@ from specdec.kv_session import run_forwards
 from specdec.model_runtime import LoadedModel
 from specdec.sampling import SamplingParams
 from specdec.session_store import SessionStore
+from specdec.step_batcher import only_result
 from specdec.step_cost import calibrate
 
 MODEL, NGRAM = "model", "ngram"
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,7 @@ class DraftService:
 
     def open(self, session_id: str, prompt_ids: Sequence[int], params: SamplingParams, method: str | None) -> int:
         """Opens and prefills a session; returns the prefill time in ns."""
-        return _one(self.open_many([(session_id, prompt_ids, params, method)]))
+        return only_result(self.open_many([(session_id, prompt_ids, params, method)]))
 
     def open_many(self, opens: Sequence[tuple[str, Sequence[int], SamplingParams, str | None]]) -> list[int | Exception]:
         """Opens sessions, prefilling the model ones in one pass; per open the prefill time in ns, or its error."""
@@ -91,7 +90,7 @@ class DraftService:
 
     def propose(self, session_id: str, base_len: int, appended_ids: Sequence[int], num_tokens: int) -> ProposeResult:
         """Syncs the session to base_len + appended_ids (the sync invariant), then drafts num_tokens tokens."""
-        return _one(self.propose_many([(session_id, base_len, appended_ids, num_tokens)]))
+        return only_result(self.propose_many([(session_id, base_len, appended_ids, num_tokens)]))
 
     def propose_many(self, proposals: Sequence[tuple[str, int, Sequence[int], int]]) -> list[ProposeResult | Exception]:
         """propose() for several sessions (one call per session); the model sessions draft together, one pass
@@ -126,9 +125,3 @@ class DraftService:
     def close(self, session_id: str) -> bool:
         return self.sessions.close(session_id)
 
-
-def _one(results: Sequence[T | Exception]) -> T:
-    """The only result of a one-call batch; raises its error."""
-    if isinstance(results[0], Exception):
-        raise results[0]
-    return results[0]

@@ -6,11 +6,12 @@ from dataclasses import dataclass
 
 from specdec.embedded_pair import DEMO_DRAFT_DIR
 from specdec.settings import setting
+from specdec.step_batcher import StepBatchingSettings
 from specdec.tls import ServerTlsSettings
 
 
 @dataclass(frozen=True)
-class DraftSettings(ServerTlsSettings):
+class DraftSettings(ServerTlsSettings, StepBatchingSettings):
     """Everything the draft service reads at start-up (tls_*: TLS, or mutual TLS with tls_client_ca, on its port)."""
 
     address: str = setting("[::]:50061", "host:port to serve gRPC on (port 0 picks a free port)")
@@ -20,10 +21,6 @@ class DraftSettings(ServerTlsSettings):
     dtype: str = setting("float32", "weight dtype: float32, bfloat16 or float16")
     threads: int = setting(1, "CPU threads for the model (0 = torch default)")
     max_sessions: int = setting(256, "most sessions held at once; more are refused with RESOURCE_EXHAUSTED")
-    max_batch_size: int = setting(32, "most calls run together in one model step (continuous batching; "
-                                        "1 = off: one session per step)")
-    max_batch_wait_ms: float = setting(10.0, "longest a step waits for sessions served in the last steps whose "
-                                             "next call is still on its way (0 = run what is queued)")
     max_speculative_tokens: int = setting(16, "largest num_speculative_tokens a Propose may ask for")
     default_draft_method: str = setting("model", "draft method for sessions that name none: model or ngram")
     ngram_min: int = setting(1, "n-gram drafter: shortest suffix matched")

@@ -9,6 +9,7 @@ import torch
 
 from specdec.kv_session import KVSession, PlannedForward, run_forwards
 from specdec.sampling import SamplingParams, Stream, logits_to_probs, sample_token
+from specdec.step_batcher import only_result
 
 Drafted = tuple[list[int], torch.Tensor | None]  # tokens, and q [γ, V] (None when one-hot)
 
@@ -69,7 +70,4 @@ def draft_many(requests: Sequence[tuple[KVSession, int, SamplingParams]]) -> lis
 
 def draft_with_model(session: KVSession, num_tokens: int, params: SamplingParams) -> Drafted:
     """One session's draft (see draft_many); raises its error."""
-    result = draft_many([(session, num_tokens, params)])[0]
-    if isinstance(result, Exception):
-        raise result
-    return result
+    return only_result(draft_many([(session, num_tokens, params)]))

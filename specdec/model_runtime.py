@@ -6,7 +6,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -122,8 +122,13 @@ class LoadedModel:
         per row float32 logits [keep, V]."""
         if self.packed:
             return packed_forward(self.model, rows, self.device)
-        return [self.forward(torch.tensor([list(ids)], dtype=torch.long), cache)[len(ids) - keep:]
-                for ids, cache, keep in rows]
+        return forward_each_row(self.forward, rows)
+
+
+def forward_each_row(forward: Callable[[torch.Tensor, Cache], torch.Tensor],
+                     rows: Sequence[tuple[Sequence[int], Cache, int]]) -> list[torch.Tensor]:
+    """forward_rows one row per pass: `forward(input_ids [1, T], cache)` -> logits [T, V], last `keep` rows kept."""
+    return [forward(torch.tensor([list(ids)], dtype=torch.long), cache)[len(ids) - keep:] for ids, cache, keep in rows]
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:

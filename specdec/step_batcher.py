@@ -21,11 +21,21 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from specdec.settings import setting
 
 log = logging.getLogger(__name__)
 
 BatchFn = Callable[[Sequence[tuple]], Sequence[Any]]  # argument tuples -> per call a result or an Exception
+T = TypeVar("T")
+
+
+def only_result(results: Sequence[T | Exception]) -> T:
+    """The result of a one-call batch (a batch function called for a single call); raises its error."""
+    if isinstance(results[0], Exception):
+        raise results[0]
+    return results[0]
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,16 @@ class _Call:
     args: tuple
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+
+
+@dataclass(frozen=True)
+class StepBatchingSettings:
+    """The batching part of a model service's settings (a base of each one's settings class)."""
+
+    max_batch_size: int = setting(32, "most calls run together in one model step (continuous batching; "
+                                        "1 = off: one session per step)")
+    max_batch_wait_ms: float = setting(10.0, "longest a step waits for sessions served in the last steps whose "
+                                             "next call is still on its way (0 = run what is queued)")
 
 
 class StepBatcher:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import logging
 import statistics
-import threading
 import time
 from collections.abc import Sequence
 
@@ -32,7 +31,6 @@ class StepCost:
         # live passes all have the same size); live observations come and go with the window.
         self._anchors = [(1.0, fixed_ns + per_token_ns), (64.0, fixed_ns + 64 * per_token_ns)]
         self._live: collections.deque[tuple[float, float]] = collections.deque(maxlen=window)
-        self._lock = threading.Lock()
         self.fixed_ns = float(fixed_ns)
         self.per_token_ns = float(per_token_ns)
 
@@ -40,9 +38,8 @@ class StepCost:
         """Adds one measured pass and refits."""
         if tokens <= 0 or ns <= 0:
             return
-        with self._lock:
-            self._live.append((float(tokens), float(ns)))
-            points = np.array([*self._anchors, *self._live])  # [n, 2]
+        self._live.append((float(tokens), float(ns)))
+        points = np.array([*self._anchors, *self._live])  # [n, 2]
         if np.ptp(points[:, 0]) == 0:
             return
         per_token, fixed = np.polyfit(points[:, 0], points[:, 1], 1)

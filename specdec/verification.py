@@ -15,6 +15,7 @@ import torch
 from specdec.errors import StaleBaseLenError
 from specdec.kv_session import KVSession, PlannedForward, run_forwards
 from specdec.sampling import SamplingParams, Verdict, logits_to_probs, rejection_sample
+from specdec.step_batcher import only_result
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,4 @@ def verify_rounds(jobs: Sequence[VerifyJob]) -> list[tuple[Verdict, VerifyTiming
 def verify_round(session: KVSession, session_id: str, base_len: int, draft_tokens: Sequence[int],
                  draft_probs: torch.Tensor | None, params: SamplingParams) -> tuple[Verdict, VerifyTiming]:
     """One session's round (see verify_rounds); raises its error."""
-    result = verify_rounds([VerifyJob(session, session_id, base_len, draft_tokens, draft_probs, params)])[0]
-    if isinstance(result, Exception):
-        raise result
-    return result
+    return only_result(verify_rounds([VerifyJob(session, session_id, base_len, draft_tokens, draft_probs, params)]))

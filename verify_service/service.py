@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import torch
 
@@ -14,12 +13,12 @@ from specdec.kv_session import KVSession, run_forwards
 from specdec.model_runtime import LoadedModel
 from specdec.sampling import SamplingParams, Verdict
 from specdec.session_store import SessionStore
+from specdec.step_batcher import only_result
 from specdec.step_cost import calibrate
 from specdec.verification import VerifyJob, VerifyTiming, verify_rounds
 from verify_service.settings import VerifySettings
 from verify_service.tensor_parallel import TensorParallelLeader
 
-T = TypeVar("T")
 CALIBRATION_SESSION = "calibration"  # opened on the ranks and closed again before serving starts
 
 
@@ -55,7 +54,7 @@ class VerifyService:
 
     def open(self, session_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> int:
         """Opens a session and prefills all prompt tokens but the last; returns the prefill time in ns."""
-        return _one(self.open_many([(session_id, prompt_ids, params)]))
+        return only_result(self.open_many([(session_id, prompt_ids, params)]))
 
     def open_many(self, opens: Sequence[tuple[str, Sequence[int], SamplingParams]]) -> list[int | Exception]:
         """Opens sessions and prefills them in one pass; per open the prefill time in ns, or its error."""
@@ -84,7 +83,7 @@ class VerifyService:
     def verify(self, session_id: str, base_len: int, draft_tokens: Sequence[int],
                draft_probs: torch.Tensor | None) -> tuple[Verdict, VerifyTiming, int]:
         """Runs one round (sync to base_len, score, judge, commit); returns the verdict, timing and new length."""
-        return _one(self.verify_many([(session_id, base_len, draft_tokens, draft_probs)]))
+        return only_result(self.verify_many([(session_id, base_len, draft_tokens, draft_probs)]))
 
     def verify_many(self, rounds: Sequence[tuple[str, int, Sequence[int], torch.Tensor | None]]
                     ) -> list[tuple[Verdict, VerifyTiming, int] | Exception]:
@@ -112,9 +111,3 @@ class VerifyService:
             self.ranks.close_session(session_id)
         return closed
 
-
-def _one(results: Sequence[T | Exception]) -> T:
-    """The only result of a one-call batch; raises its error."""
-    if isinstance(results[0], Exception):
-        raise results[0]
-    return results[0]

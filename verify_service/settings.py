@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from specdec.embedded_pair import DEMO_TARGET_DIR
 from specdec.settings import setting
+from specdec.step_batcher import StepBatchingSettings
 from specdec.tls import ServerTlsSettings
 
 TP_LAUNCHERS = ("local", "ray")
@@ -13,7 +14,7 @@ RAY_PLACEMENT_STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
 
 
 @dataclass(frozen=True)
-class VerifySettings(ServerTlsSettings):
+class VerifySettings(ServerTlsSettings, StepBatchingSettings):
     """Everything the verify service reads at start-up (tls_*: TLS, or mutual TLS with tls_client_ca, on its port)."""
 
     address: str = setting("[::]:50062", "host:port to serve gRPC on (port 0 picks a free port)")
@@ -22,10 +23,6 @@ class VerifySettings(ServerTlsSettings):
     dtype: str = setting("float32", "weight dtype: float32, bfloat16 or float16")
     threads: int = setting(1, "CPU threads per rank (0 = torch default)")
     max_sessions: int = setting(256, "most sessions held at once; more are refused with RESOURCE_EXHAUSTED")
-    max_batch_size: int = setting(32, "most calls run together in one model step (continuous batching; "
-                                        "1 = off: one session per step)")
-    max_batch_wait_ms: float = setting(10.0, "longest a step waits for sessions served in the last steps whose "
-                                             "next call is still on its way (0 = run what is queued)")
     max_speculative_tokens: int = setting(16, "largest number of draft tokens one Verify may carry")
     grace_s: float = setting(10.0, "seconds in-flight calls get to finish after SIGTERM")
     metrics_port: int = setting(0, "port for Prometheus /metrics (0 = off)")

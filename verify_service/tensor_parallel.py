@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from specdec.errors import DownstreamUnavailableError
-from specdec.model_runtime import Cache, LoadedModel, ModelSettings
+from specdec.model_runtime import Cache, LoadedModel, ModelSettings, forward_each_row
 from verify_service.settings import VerifySettings
 
 log = logging.getLogger(__name__)
@@ -291,8 +291,7 @@ class MirroredModel:
 
     def forward_rows(self, rows: Sequence[tuple[Sequence[int], Cache, int]]) -> list[torch.Tensor]:
         """One mirrored forward per row (rows of one session; the ranks replay single-row forwards)."""
-        return [self.forward(torch.tensor([list(ids)], dtype=torch.long), cache)[len(ids) - keep:]
-                for ids, cache, keep in rows]
+        return forward_each_row(self.forward, rows)
 
     def __getattr__(self, name: str):  # new_cache, max_context_tokens, vocab_size, ...: the real model's
         return getattr(self._leader.model, name)
