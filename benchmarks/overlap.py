@@ -4,10 +4,13 @@
     python -m benchmarks.overlap --quick    # 2 prompts x 16 tokens, 3 runs, report to a temp folder
 
 One LocalStack: a draft service (--threads 1) and a verify service (--threads 1), each its own process,
-and two coordinators on those same replicas, one overlapped and one sequential (`--no-overlap`). Both
-modes therefore use the same processes on the same cores. Batch 1, greedy. A run sends every prompt to
-one coordinator, then to the other (the order alternates between runs); the ratio of a run is
-overlapped tokens/s over sequential tokens/s, and the report gives the median over runs.
+and one coordinator per mode on those same replicas: sequential (`--no-overlap`) and one per pre-draft
+policy (coordinator/predraft.py): "all_accepted" (`--predraft-guesses 0`: the single guess that the whole
+block is accepted and the bonus token is the draft's own), and "guesses_1", "guesses_2" (also a rejection
+at every position, replaced by the draft's 1 or 2 next most likely tokens there; guesses_1 is the default).
+Every mode therefore uses the same processes on the same cores. Batch 1, greedy. A run sends each prompt
+to every coordinator back to back (the order rotates per prompt); a run's ratio for a policy is its tokens/s
+over sequential tokens/s, and the report gives the median over runs and names the policy that wins.
 
 The timeline runs the coordinator's own `Generation` in this process against the same draft and verify
 servers, once per mode, and plots each Propose and Verify call as the coordinator saw it (two lanes).
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import pathlib
 import statistics
 import uuid
@@ -31,16 +35,32 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.text_stream import TextStream
 from coordinator.validation import plan_request
 from specdec.client import Client, build_request
+from specdec.cpu_affinity import pin_cpus
 from specdec.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
 from specdec.local_stack import LocalStack, start_service
 from specdec.v1 import drafter_pb2_grpc, verifier_pb2_grpc
 
-MODES = ("overlapped", "sequential")
+POLICIES = {"all_accepted": 0, "guesses_1": 1, "guesses_2": 2}  # mode -> --predraft-guesses
+DEFAULT_POLICY = "guesses_1"
+MODES = ("sequential", *POLICIES)
 
 
 def run_mode(client: Client, prompts: list[str], max_new_tokens: int, gamma: int) -> list[RequestRun]:
     return [timed_generate(client, prompt, max_new_tokens=max_new_tokens, temperature=0.0,
                            num_speculative_tokens=gamma) for prompt in prompts]
+
+
+def run_interleaved(clients: dict[str, Client], prompts: list[str], max_new_tokens: int, gamma: int,
+                    rotation: int) -> dict[str, list[RequestRun]]:
+    """Every prompt through every mode back to back (the mode order rotates per prompt), so a slow spell of the
+    machine falls on all modes alike."""
+    runs: dict[str, list[RequestRun]] = {mode: [] for mode in clients}
+    modes = list(clients)
+    for index, prompt in enumerate(prompts):
+        shift = (rotation + index) % len(modes)
+        for mode in modes[shift:] + modes[:shift]:
+            runs[mode].extend(run_mode(clients[mode], [prompt], max_new_tokens, gamma))
+    return runs
 
 
 async def _timeline(draft_address: str, verify_address: str, tokenizer_dir: str, prompt: str, overlap: bool,
@@ -112,6 +132,18 @@ def plot_timeline(timelines: dict[str, dict], path: pathlib.Path) -> None:
     print(f"wrote {path}", flush=True)
 
 
+def pinned_cores(threads: int) -> dict[str, list[str]]:
+    """--cpus flags giving the draft service and the verify service `threads` cores each, when there are enough.
+    The coordinators share the verify service's cores: their work on a verdict (commit, send the next block) falls
+    between two verifications, when those cores are idle, while the drafter may still be busy pre-drafting."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2 * threads:
+        return {}
+    verify_cores = ",".join(map(str, cores[threads:2 * threads]))
+    return {"draft": ["--cpus", ",".join(map(str, cores[:threads]))], "verify": ["--cpus", verify_cores],
+            "coordinator": ["--cpus", verify_cores]}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=str(DEMO_TARGET_DIR))
@@ -122,6 +154,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--runs", type=int, default=5, help="runs per mode (the report gives the median, >= 3)")
     parser.add_argument("--threads", type=int, default=1, help="--threads of the draft and of the verify service")
+    parser.add_argument("--no-pin", dest="pin", action="store_false",
+                        help="let the services share cores (default: the draft service and the verify service each "
+                             "on cores of their own, when the machine has enough; the coordinators, and this process, "
+                             "on the verify service's)")
     parser.add_argument("--timeline-tokens", type=int, default=48, help="max_new_tokens of the plotted request")
     parser.add_argument("--quick", action="store_true", help="2 prompts x 16 tokens, 3 runs, to a temp folder")
     parser.add_argument("--out-dir", type=pathlib.Path, default=None)
@@ -131,58 +167,81 @@ def main(argv: list[str] | None = None) -> dict:
     out_dir = results_dir(args.out_dir, args.quick)
     prompts = prompt_texts(args.prompt_set, args.prompts)
     service_args = ["--threads", str(args.threads)]
+    pins = pinned_cores(args.threads) if args.pin else {}
 
-    fixed_gamma = ["--no-adaptive-gamma"]  # both modes draft the same γ every round
-    with LocalStack(args.target, args.draft, draft_args=service_args, verify_args=service_args,
-                    coordinator_args=fixed_gamma) as stack:
-        sequential = start_service("coordinator-sequential", "coordinator", [
+    fixed_gamma = ["--no-adaptive-gamma"]  # every mode drafts the same γ every round
+    mode_args = {"sequential": ["--no-overlap"], **{mode: ["--predraft-guesses", str(guesses)]
+                                                    for mode, guesses in POLICIES.items()}}
+    with LocalStack(args.target, args.draft, draft_args=[*service_args, *pins.get("draft", [])],
+                    verify_args=[*service_args, *pins.get("verify", [])], coordinator_args=fixed_gamma) as stack:
+        coordinators = {mode: start_service(f"coordinator-{mode}", "coordinator", [
             "--tokenizer", args.target, "--draft-replicas", stack.services["draft"].address,
-            "--verify-replicas", stack.services["verify"].address, "--no-overlap", *fixed_gamma], stack.log_dir)
+            "--verify-replicas", stack.services["verify"].address, *extra, *fixed_gamma, *pins.get("coordinator", [])],
+            stack.log_dir)
+            for mode, extra in mode_args.items()}
+        if pins:
+            pin_cpus(pins["coordinator"][1])  # the client and the timeline's in-process coordinator
         try:
-            with Client(stack.address) as overlapped_client, Client(sequential.address) as sequential_client:
-                clients = {"overlapped": overlapped_client, "sequential": sequential_client}
-                for client in clients.values():  # warm-up: first requests pay allocator and thread start-up
-                    run_mode(client, prompts[:1], args.max_new_tokens, args.gamma)
-                runs: list[dict[str, list[RequestRun]]] = []
-                for index in range(args.runs):
-                    order = MODES if index % 2 == 0 else MODES[::-1]
-                    run = {mode: run_mode(clients[mode], prompts, args.max_new_tokens, args.gamma) for mode in order}
-                    runs.append(run)
-                    figures = {mode: totals(run[mode]) for mode in MODES}
-                    print(f"run {index + 1}/{args.runs}: overlapped {figures['overlapped']['tokens_per_s']:.1f} tok/s, "
-                          f"sequential {figures['sequential']['tokens_per_s']:.1f} tok/s, hit rate "
-                          f"{figures['overlapped']['predraft_hit_rate']}", flush=True)
+            clients = {mode: Client(coordinator.address) for mode, coordinator in coordinators.items()}
+            for client in clients.values():  # warm-up: first requests pay allocator and thread start-up
+                run_mode(client, prompts[:1], args.max_new_tokens, args.gamma)
+            runs: list[dict[str, list[RequestRun]]] = []
+            for index in range(args.runs):
+                run = run_interleaved(clients, prompts, args.max_new_tokens, args.gamma, rotation=index)
+                runs.append(run)
+                figures = {mode: totals(run[mode]) for mode in MODES}
+                print(f"run {index + 1}/{args.runs}: " + ", ".join(
+                    f"{mode} {figures[mode]['tokens_per_s']:.1f} tok/s"
+                    + (f" (hit rate {figures[mode]['predraft_hit_rate']})" if mode in POLICIES else "")
+                    for mode in MODES), flush=True)
+            for client in clients.values():
+                client.close()
             timelines = {}
-            for mode in MODES:
+            for mode, overlap in (("overlapped", True), ("sequential", False)):
                 timelines[mode] = asyncio.run(_timeline(stack.services["draft"].address,
                                                         stack.services["verify"].address, args.target, prompts[0],
-                                                        mode == "overlapped", args.gamma, args.timeline_tokens))
+                                                        overlap, args.gamma, args.timeline_tokens))
         finally:
-            sequential.stop()
+            for coordinator in coordinators.values():
+                coordinator.stop()
 
     per_run = [{mode: totals(run[mode]) for mode in MODES} for run in runs]
-    ratios = [r["overlapped"]["tokens_per_s"] / r["sequential"]["tokens_per_s"] for r in per_run]
     overall = {mode: totals([req for run in runs for req in run[mode]]) for mode in MODES}
-    request_hit_rates = [req.hit_rate for run in runs for req in run["overlapped"] if req.hit_rate is not None]
-    identical = all(a.token_ids == b.token_ids for run in runs
-                    for a, b in zip(run["overlapped"], run["sequential"]))
+    policies = {}
+    for mode in POLICIES:
+        ratios = [r[mode]["tokens_per_s"] / r["sequential"]["tokens_per_s"] for r in per_run]
+        hit_rates = [req.hit_rate for run in runs for req in run[mode] if req.hit_rate is not None]
+        policies[mode] = {
+            "predraft_guesses_setting": POLICIES[mode],
+            "tokens_per_s_ratio_median": round(statistics.median(ratios), 4),
+            "tokens_per_s_ratio_per_run": [round(r, 4) for r in ratios],
+            "predraft_hit_rate": overall[mode]["predraft_hit_rate"],
+            "guesses_per_predraft": overall[mode]["guesses_per_predraft"],
+            "predraft_hit_rate_per_request": {
+                "median": round(statistics.median(hit_rates), 4) if hit_rates else None,
+                "min": round(min(hit_rates), 4) if hit_rates else None,
+                "max": round(max(hit_rates), 4) if hit_rates else None},
+            "outputs_identical_to_sequential": all(a.token_ids == b.token_ids for run in runs
+                                                   for a, b in zip(run[mode], run["sequential"])),
+        }
+    winner = max(policies, key=lambda mode: policies[mode]["tokens_per_s_ratio_median"])
     draft_ms, verify_ms = overall["sequential"]["draft_ms_per_round"], overall["sequential"]["verify_ms_per_round"]
     report = {
         "benchmark": "overlap",
-        "what": "overlapped vs sequential rounds over gRPC, batch 1, greedy, same draft and verify processes",
+        "what": "overlapped (per pre-draft policy) vs sequential rounds over gRPC, batch 1, greedy, same draft and "
+                "verify processes",
         "target": args.target, "draft": args.draft, "prompt_set": args.prompt_set, "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens, "gamma": args.gamma, "runs": args.runs,
         "service_threads": {"draft": args.threads, "verify": args.threads},
-        "tokens_per_s_ratio_median": round(statistics.median(ratios), 4),
-        "tokens_per_s_ratio_per_run": [round(r, 4) for r in ratios],
+        "service_cpus": {name: flags[1] for name, flags in pins.items()},
+        "default_policy": DEFAULT_POLICY,
+        "tokens_per_s_ratio_median": policies[DEFAULT_POLICY]["tokens_per_s_ratio_median"],
+        "predraft_hit_rate": policies[DEFAULT_POLICY]["predraft_hit_rate"],
+        "winning_policy": winner,
+        "policies": policies,
         "tokens_per_s_median": {mode: round(statistics.median(r[mode]["tokens_per_s"] for r in per_run), 3)
                                 for mode in MODES},
-        "predraft_hit_rate": overall["overlapped"]["predraft_hit_rate"],
-        "predraft_hit_rate_per_request": {
-            "median": round(statistics.median(request_hit_rates), 4) if request_hit_rates else None,
-            "min": round(min(request_hit_rates), 4) if request_hit_rates else None,
-            "max": round(max(request_hit_rates), 4) if request_hit_rates else None},
-        "outputs_identical": identical,
+        "outputs_identical": all(p["outputs_identical_to_sequential"] for p in policies.values()),
         # A round costs draft + verify sequentially; at best max(draft, verify) overlapped (every guess a hit).
         "ideal_ratio_from_call_times": (round((draft_ms + verify_ms) / max(draft_ms, verify_ms), 3)
                                         if draft_ms and verify_ms else None),
@@ -193,9 +252,11 @@ def main(argv: list[str] | None = None) -> dict:
     }
     write_json(out_dir / "overlap.json", report)
     plot_timeline(timelines, out_dir / "overlap_timeline.png")
-    print(f"overlapped / sequential tokens/s: median {report['tokens_per_s_ratio_median']:.3f}x over {args.runs} runs "
-          f"(per run {', '.join(f'{r:.3f}' for r in ratios)}); pre-draft hit rate {report['predraft_hit_rate']}; "
-          f"outputs identical: {identical}")
+    for mode, figures in policies.items():
+        print(f"{mode}: overlapped / sequential tokens/s median {figures['tokens_per_s_ratio_median']:.3f}x over "
+              f"{args.runs} runs (per run {', '.join(f'{r:.3f}' for r in figures['tokens_per_s_ratio_per_run'])}); "
+              f"hit rate {figures['predraft_hit_rate']}, {figures['guesses_per_predraft']} guesses per pre-draft")
+    print(f"winning policy: {winner}; outputs identical to sequential: {report['outputs_identical']}")
     return report
 
 

@@ -39,6 +39,7 @@ class RequestRun:
     predraft_hits: int
     draft_ns: int
     verify_ns: int
+    predraft_guesses: int = 0
 
     @property
     def hit_rate(self) -> float | None:
@@ -52,7 +53,8 @@ def timed_generate(client: Client, prompt: str | Sequence[int], **kwargs) -> Req
     seconds = time.perf_counter() - started
     stats = reply.stats
     return RequestRun(list(reply.token_ids), seconds, stats.rounds, stats.drafted_tokens, stats.accepted_tokens,
-                      stats.predraft_attempts, stats.predraft_hits, stats.draft_ns, stats.verify_ns)
+                      stats.predraft_attempts, stats.predraft_hits, stats.draft_ns, stats.verify_ns,
+                      stats.predraft_guesses)
 
 
 def totals(runs: Iterable[RequestRun]) -> dict:
@@ -79,6 +81,7 @@ def totals(runs: Iterable[RequestRun]) -> dict:
         "predraft_attempts": attempts,
         "predraft_hits": hits,
         "predraft_hit_rate": round(hits / attempts, 4) if attempts else None,
+        "guesses_per_predraft": round(sum(r.predraft_guesses for r in runs) / attempts, 3) if attempts else None,
         "draft_ms_per_round": round(sum(r.draft_ns for r in runs) / rounds / 1e6, 3) if rounds else None,
         "verify_ms_per_round": round(sum(r.verify_ns for r in runs) / rounds / 1e6, 3) if rounds else None,
     }

@@ -14,6 +14,7 @@ from coordinator.request_guard import RequestGuard
 from coordinator.servicer import CoordinatorServicer
 from coordinator.settings import CoordinatorSettings
 from specdec.model_runtime import VocabularyIdentity, check_same_vocabulary, tokenizer_sha256
+from specdec.cpu_affinity import pin_cpus
 from specdec.serving import configure_logging, start_server, wait_for_termination
 from specdec.settings import parse_settings
 from specdec.tls import channel_credentials, server_credentials, server_name_options
@@ -21,6 +22,7 @@ from specdec.telemetry import start_telemetry
 from specdec.v1 import coordinator_pb2, coordinator_pb2_grpc, drafter_pb2_grpc, verifier_pb2_grpc
 
 log = logging.getLogger("coordinator")
+MAX_PREDRAFT_GUESSES = 8  # a drafter's default max_alternatives
 
 
 def eos_token_ids(source: str, tokenizer) -> set[int]:
@@ -50,6 +52,8 @@ def check_replicas(tokenizer_identity: VocabularyIdentity, draft_pool: ReplicaPo
 
 
 async def build_servicer(settings: CoordinatorSettings) -> CoordinatorServicer:
+    if not 0 <= settings.predraft_guesses <= MAX_PREDRAFT_GUESSES:
+        raise ValueError(f"predraft_guesses must be in [0, {MAX_PREDRAFT_GUESSES}], got {settings.predraft_guesses}")
     tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer)
     security = dict(credentials=channel_credentials(settings.replica_tls_ca, settings.replica_tls_cert,
                                                     settings.replica_tls_key),
@@ -82,6 +86,7 @@ async def serve(settings: CoordinatorSettings) -> None:
 def main(argv: list[str] | None = None) -> None:
     settings = parse_settings(CoordinatorSettings, argv, description="Client-facing coordinator of the stack.")
     configure_logging(settings.log_level)
+    pin_cpus(settings.cpus)
     asyncio.run(serve(settings))
 
 

@@ -1,16 +1,19 @@
 """One request's draft -> verify -> commit rounds across a draft and a verify replica.
 
 Sequential mode: Propose(block k) then Verify(block k). Overlapped mode: while Verify(block k) runs, the
-drafter already drafts block k+1 under the guess "all of block k accepted, and the bonus token is the
-draft's own next token". A verdict that matches the guess sends the pre-drafted block straight to the
-verifier; any other verdict discards it, and the next Propose's base_len rolls the drafter back.
-Draws are keyed by (seed, position), so both modes commit the same tokens.
+drafter already drafts block k+1 under several guessed verdicts of block k, one draft lane each
+(coordinator/predraft.py): "all accepted, and the bonus token is the draft's own next token", and "rejected
+at position i, replaced by the draft's runner-up token there" (`predraft_guesses` per position, as many as the
+measured pass costs say fit inside the verification). A verdict that matches a guess sends that lane's block
+straight to the verifier; otherwise the next block is drafted afresh. Each lane's next call rolls it back
+through base_len. Draws are keyed by (seed, position), so both modes commit the same tokens.
 
 Each loop iteration is one round: [propose block k,] verify block k (pre-drafting block k+1 meanwhile),
 commit. Stats, metrics and spans are fed from the same figures (coordinator/request_telemetry.py).
 
 With adaptive γ (an AcceptanceRate given), each block's size is chosen within [0, plan.gamma] from the
-request's live acceptance rate and the replicas' measured pass costs at their current batch sizes
+request's live acceptance rate and the replicas' measured pass costs at their current batch sizes, and a
+pre-draft makes only as many guesses as those costs say fit inside the verification
 (coordinator/speculation_policy.py); every reply refreshes those measurements.
 """
 
@@ -27,9 +30,10 @@ from typing import TypeVar
 import grpc
 from opentelemetry.context import Context
 
+from coordinator.predraft import DraftLane, Guess, guesses
 from coordinator.replicas import Replica
 from coordinator.request_telemetry import RemoteCall, RequestTelemetry
-from coordinator.speculation_policy import AcceptanceRate, choose_gamma
+from coordinator.speculation_policy import AcceptanceRate, affordable_guesses, choose_gamma
 from coordinator.text_stream import Chunk, TextStream
 from specdec.errors import DownstreamUnavailableError
 from specdec.sampling import SamplingParams
@@ -40,6 +44,8 @@ from specdec.wire import sampling_to_proto
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 FAILED_DRAFTER_CLOSE_TIMEOUT_S = 2.0
+PRIOR_PREDRAFTS = 4  # weight of the 1/2 prior in a request's pre-draft hit rate
+MAX_DRAFT_LANES = 16  # lanes one request may hold on a drafter (its default max_lanes); the least likely guesses go
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,12 @@ class GenerationPlan:
     gamma: int  # 0 = plain target decoding through the verifier
     draft_method: int  # common_pb2.DraftMethod
     overlap: bool
+    predraft_guesses: int = 1  # overlapped mode: rejection guesses per block position (0: only "all accepted")
+
+    @property
+    def draft_lanes(self) -> int:
+        """Draft lanes the request holds: one per guess a pre-draft may make (one when not overlapped)."""
+        return min(1 + self.gamma * self.predraft_guesses, MAX_DRAFT_LANES) if self.overlap and self.gamma else 1
 
 
 @dataclass
@@ -67,25 +79,46 @@ class RequestStats(SpeculationStats):
     total_ns: int = 0
     predraft_attempts: int = 0
     predraft_hits: int = 0
+    predraft_guesses: int = 0  # guessed verdicts drafted, over all pre-drafted rounds
     draft_fallbacks: int = 0  # times the drafter failed and the request went on by plain decoding
     round_timeline: list[tuple[str, int, int]] = field(default_factory=list)  # (stage, start_ns, end_ns)
 
 
 @dataclass
 class DraftBlock:
-    """Drafted tokens with their q (None = one-hot) as returned by the drafter."""
+    """Drafted tokens with their q (None = one-hot) as returned by the drafter, per position the draft's next
+    most likely other tokens, and the lane that drafted them."""
 
     token_ids: list[int]
     probs: common_pb2.ProbabilityMatrix | None
+    alternatives: list[list[int]] = field(default_factory=list)
+    lane: int = 0
 
     def tail(self) -> DraftBlock:
-        """The block without its first token (the bonus guess of a pre-draft)."""
+        """The block without its first token (the bonus guess of an "all accepted" pre-draft)."""
         probs = None
         if self.probs is not None and self.probs.rows:
             row_bytes = self.probs.vocab_size * 4
             probs = common_pb2.ProbabilityMatrix(rows=self.probs.rows - 1, vocab_size=self.probs.vocab_size,
                                                  float32_data=self.probs.float32_data[row_bytes:])
-        return DraftBlock(self.token_ids[1:], probs)
+        return DraftBlock(self.token_ids[1:], probs, self.alternatives[1:], self.lane)
+
+    @classmethod
+    def from_reply(cls, reply: drafter_pb2.ProposeResponse, lane: int) -> DraftBlock:
+        probs = reply.draft_probs if reply.HasField("draft_probs") and reply.draft_probs.rows else None
+        tokens = list(reply.draft_token_ids)
+        width = len(reply.alternative_token_ids) // len(tokens) if tokens else 0
+        alternatives = [list(reply.alternative_token_ids[i * width:(i + 1) * width]) for i in range(len(tokens))]
+        return cls(tokens, probs, alternatives if width else [], lane)
+
+
+@dataclass(frozen=True)
+class LaneCall:
+    """What one lane is asked to hold and draft in a ProposeLanes call."""
+
+    lane: DraftLane
+    sequence: list[int]
+    num_tokens: int
 
 
 class Generation:
@@ -107,7 +140,8 @@ class Generation:
         self.metrics = self.telemetry.metrics
         self.stats = RequestStats()
         self.committed: list[int] = list(plan.prompt_ids)
-        self.draft_synced_len = len(plan.prompt_ids)  # committed prefix the drafter is known to hold
+        self.lanes = [DraftLane(index, list(plan.prompt_ids), len(plan.prompt_ids))
+                      for index in range(plan.draft_lanes)]
         self._judged = 0  # drafted tokens the verifier accepted or rejected (those after a rejection are neither)
         self._started_ns = time.perf_counter_ns()
 
@@ -147,7 +181,7 @@ class Generation:
                 calls.append(self._without_draft_on_failure(self._open(
                     self.draft, "draft", parent, drafter_pb2.OpenDraftSessionRequest(
                         session_id=self.plan.request_id, prompt_token_ids=self.plan.prompt_ids, sampling=sampling,
-                        draft_method=self.plan.draft_method))))
+                        draft_method=self.plan.draft_method, num_lanes=len(self.lanes)))))
             await asyncio.gather(*calls)
         self.stats.prefill_ns = time.perf_counter_ns() - started
         self.metrics.stage_ns(prefill=self.stats.prefill_ns)
@@ -218,69 +252,102 @@ class Generation:
         if self.acceptance is None or self.draft is None or self.draft.load is None or self.verify.load is None:
             return self.plan.gamma
         alpha = self.acceptance.for_request(self._judged, self.stats.accepted)
-        return choose_gamma(alpha, self.plan.gamma, self.verify.load, self.draft.load)
+        hit_rate = ((self.stats.predraft_hits + PRIOR_PREDRAFTS / 2) / (self.stats.predraft_attempts + PRIOR_PREDRAFTS)
+                    if self.plan.overlap else 0.0)  # shrunk toward 1/2 while the request has few pre-drafts
+        return choose_gamma(alpha, self.plan.gamma, self.verify.load, self.draft.load, hit_rate)
 
-    def _block_size(self, tokens_before: int) -> int:
-        """γ for a block that starts after tokens_before more commits: never draft past the token budget."""
-        return max(0, min(self._gamma(), self.remaining - tokens_before - 1))
+    def _block_size(self, tokens_before: int, gamma: int) -> int:
+        """The size of a γ block that starts after tokens_before more commits: never draft past the budget."""
+        return max(0, min(gamma, self.remaining - tokens_before - 1))
 
-    async def _propose(self, base_len: int, appended: Sequence[int], num_tokens: int, round_span: Context,
-                       predraft: bool = False) -> DraftBlock:
-        """Drafts a block; an empty block when the drafter has failed (the round becomes a plain step)."""
-        block = await self._without_draft_on_failure(self._propose_on_drafter(base_len, appended, num_tokens,
-                                                                             round_span, predraft))
-        return block if block is not None else DraftBlock([], None)
+    async def _propose(self, calls: Sequence[LaneCall], round_span: Context, predraft: bool = False
+                       ) -> list[DraftBlock]:
+        """Syncs and drafts the given lanes in one ProposeLanes call; empty blocks when the drafter has failed
+        (the round becomes a plain step)."""
+        blocks = await self._without_draft_on_failure(self._propose_on_drafter(calls, round_span, predraft))
+        return blocks if blocks is not None else [DraftBlock([], None) for _ in calls]
 
-    async def _propose_on_drafter(self, base_len: int, appended: Sequence[int], num_tokens: int, round_span: Context,
-                                  predraft: bool) -> DraftBlock:
-        draft = self.draft
-        with self.telemetry.remote_call("draft.propose", round_span, base_len=base_len, num_tokens=num_tokens,
-                                        predraft=predraft) as call:
-            reply = await self._call(draft, "Propose", drafter_pb2.ProposeRequest(
-                session_id=self.plan.request_id, base_len=base_len, appended_token_ids=appended,
-                num_speculative_tokens=num_tokens))
-            call.inside("draft.forward", "draft", reply.draft_ns)
-        self._count_call("draft", call, draft=reply.draft_ns)
-        if draft.load is not None and num_tokens and reply.batch_rows:  # one pass per drafted position
-            draft.load.observe(reply.batch_rows, reply.draft_ns / num_tokens, reply.batch_rows)
-            draft.load.observe_call(call.wire_ns)
-        probs = reply.draft_probs if reply.HasField("draft_probs") and reply.draft_probs.rows else None
-        return DraftBlock(list(reply.draft_token_ids), probs)
+    async def _propose_on_drafter(self, calls: Sequence[LaneCall], round_span: Context,
+                                  predraft: bool) -> list[DraftBlock]:
+        draft, committed_len = self.draft, len(self.committed)
+        alternatives = self.plan.predraft_guesses if self.plan.overlap else 0
+        proposals = []
+        for call in calls:
+            base_len, appended = call.lane.sync_to(call.sequence)
+            proposals.append(drafter_pb2.LaneProposal(
+                lane=call.lane.index, base_len=base_len, appended_token_ids=appended,
+                num_speculative_tokens=call.num_tokens, num_alternatives=alternatives))
+        steps = max(call.num_tokens for call in calls)
+        with self.telemetry.remote_call("draft.propose", round_span, base_len=committed_len, num_tokens=steps,
+                                        lanes=len(calls), predraft=predraft) as remote:
+            reply = await self._call(draft, "ProposeLanes", drafter_pb2.ProposeLanesRequest(
+                session_id=self.plan.request_id, lanes=proposals))
+            draft_ns = reply.lanes[0].draft_ns if reply.lanes else 0
+            remote.inside("draft.forward", "draft", draft_ns)
+        self._count_call("draft", remote, draft=draft_ns)
+        rows = reply.lanes[0].batch_rows if reply.lanes else 0
+        if draft.load is not None and steps and rows:  # one pass per drafted position
+            draft.load.observe(rows, draft_ns / steps, rows)
+            draft.load.observe_call(remote.wire_ns)
+        blocks = [DraftBlock.from_reply(lane_reply, call.lane.index) for call, lane_reply in zip(calls, reply.lanes)]
+        for call, block in zip(calls, blocks):
+            call.lane.synced(call.sequence, block.token_ids, committed_len)
+        return blocks
 
     async def _sync_and_propose(self, round_span: Context) -> DraftBlock:
-        """Propose after syncing the drafter to the committed sequence (base_len + what it has not seen)."""
-        num_tokens = self._block_size(0)
+        """Drafts the next block afresh, on the lane that needs the least syncing to the committed sequence."""
+        num_tokens = self._block_size(0, self._gamma())
         if self.draft is None or num_tokens == 0:
             return DraftBlock([], None)
-        block = await self._propose(self.draft_synced_len, self.committed[self.draft_synced_len:], num_tokens,
-                                    round_span)
-        self.draft_synced_len = len(self.committed)
+        lane = max(self.lanes, key=lambda candidate: candidate.sync_to(self.committed)[0])
+        [block] = await self._propose([LaneCall(lane, list(self.committed), num_tokens)], round_span)
         return block
 
     def _start_predraft(self, block: DraftBlock, round_span: Context) -> asyncio.Future | None:
-        """Guess: all of block k accepted; the drafter drafts its own bonus guess, then block k+1."""
-        size = self._block_size(len(block.token_ids) + 1) if self.plan.overlap else 0
-        if self.draft is None or not block.token_ids or size <= 0:
+        """Drafts the next block under guessed verdicts of `block`, one lane each, while it is verified."""
+        if not self.plan.overlap or self.draft is None or not block.token_ids:
+            return None
+        gamma = self._gamma()
+        ranked = guesses(block.token_ids, block.alternatives, self.plan.predraft_guesses)[:len(self.lanes)]
+        verify_load, draft_load = self.verify.load, self.draft.load
+        if self.acceptance is not None and verify_load is not None and draft_load is not None:  # adaptive
+            verify_tokens = verify_load.rows * (len(block.token_ids) + 1)
+            ranked = ranked[:affordable_guesses(len(ranked), gamma + 1, verify_tokens, verify_load, draft_load)]
+        # "All accepted" continues the block's own lane (it already holds the block); the rest take other lanes.
+        free_lanes = iter(lane for lane in self.lanes if lane.index != block.lane)
+        calls: list[tuple[Guess, LaneCall]] = []
+        for guess in ranked:
+            size = self._block_size(guess.accepted + 1, gamma)
+            if size <= 0:
+                continue
+            lane = self.lanes[block.lane] if guess.next_token is None else next(free_lanes)
+            num_tokens = size + 1 if guess.next_token is None else size  # + the drafter's own bonus guess
+            calls.append((guess, LaneCall(lane, guess.sequence(self.committed, block.token_ids), num_tokens)))
+        if not calls:
             return None
         self.stats.predraft_attempts += 1
+        self.stats.predraft_guesses += len(calls)
         self.metrics.predraft_attempts.inc()
-        return asyncio.ensure_future(self._propose(len(self.committed) + len(block.token_ids), [], size + 1,
-                                                   round_span, predraft=True))
 
-    async def _take_predraft(self, predraft: asyncio.Future | None, block: DraftBlock,
+        async def predraft() -> list[tuple[Guess, DraftBlock]]:
+            blocks = await self._propose([call for _, call in calls], round_span, predraft=True)
+            return [(guess, drafted) for (guess, _), drafted in zip(calls, blocks)]
+
+        return asyncio.ensure_future(predraft())
+
+    async def _take_predraft(self, predraft: asyncio.Future | None,
                              verdict: verifier_pb2.VerifyResponse) -> DraftBlock | None:
-        """The pre-drafted next block when the verdict matches its guess, else None (draft afresh)."""
+        """The pre-drafted next block of the guess the verdict selects, else None (draft afresh)."""
         if predraft is None:
             return None
-        guessed = await predraft
-        all_accepted = len(verdict.accepted_token_ids) == len(block.token_ids)
-        if not (all_accepted and guessed.token_ids[:1] == [verdict.next_token_id]):
-            return None
-        self.stats.predraft_hits += 1
-        self.metrics.predraft_hits.inc()
-        self.draft_synced_len = len(self.committed)
-        tail = guessed.tail()
-        return tail if tail.token_ids else None
+        accepted = len(verdict.accepted_token_ids)
+        for guess, drafted in await predraft:
+            if guess.matches(accepted, verdict.next_token_id, drafted.token_ids):
+                self.stats.predraft_hits += 1
+                self.metrics.predraft_hits.inc()
+                block = drafted.tail() if guess.next_token is None else drafted
+                return block if block.token_ids else None
+        return None
 
     async def _verify(self, block: DraftBlock, round_span: Context) -> verifier_pb2.VerifyResponse:
         with self.telemetry.remote_call("verify", round_span, base_len=len(self.committed),
@@ -298,7 +365,7 @@ class Generation:
 
     def _commit(self, block: DraftBlock, verdict: verifier_pb2.VerifyResponse, round_span: Context) -> Chunk:
         """Appends the accepted tokens and the recovered/bonus token; the rejected rest is rolled back
-        (the verifier already truncated; the drafter truncates on its next call's base_len)."""
+        (the verifier already truncated; each draft lane truncates on its next call's base_len)."""
         drafted, accepted = len(block.token_ids), len(verdict.accepted_token_ids)
         base_len = len(self.committed)
         with self.telemetry.stage("commit", round_span, base_len=base_len, drafted=drafted, accepted=accepted,
@@ -310,8 +377,6 @@ class Generation:
                 self._judged += judged
                 self.acceptance.observe(judged, accepted)
             self.committed.extend([*verdict.accepted_token_ids, verdict.next_token_id])
-            if drafted:  # the drafter holds the accepted prefix of its block (a plain round leaves it as it was)
-                self.draft_synced_len = base_len + accepted
             return self.text.add([*verdict.accepted_token_ids, verdict.next_token_id])
 
     async def _rounds(self) -> AsyncIterator[Chunk]:
@@ -336,4 +401,4 @@ class Generation:
                 yield chunk
                 if finished:
                     return
-                block = await self._take_predraft(predraft, block, verdict)
+                block = await self._take_predraft(predraft, verdict)

@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specdec.embedded_pair import DEMO_TARGET_DIR
+from specdec.cpu_affinity import CpuAffinitySettings
 from specdec.settings import setting
 from specdec.tls import ServerTlsSettings
 
 
 @dataclass(frozen=True)
-class CoordinatorSettings(ServerTlsSettings):
+class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
     """Everything the coordinator reads at start-up (tls_cert/tls_key/tls_client_ca: the client-facing port)."""
 
     address: str = setting("[::]:50051", "host:port of the client-facing gRPC API (port 0 picks a free port)")
@@ -23,10 +24,15 @@ class CoordinatorSettings(ServerTlsSettings):
     max_new_tokens_limit: int = setting(1024, "largest max_new_tokens a request may ask for")
     max_context_tokens: int = setting(1024, "longest prompt + completion (at most the models' context)")
     overlap: bool = setting(True, "pipeline rounds: draft block k+1 while block k is verified")
+    predraft_guesses: int = setting(1, "overlapped mode: besides 'all accepted', guess a rejection at every block "
+                                       "position with the draft's this-many next most likely tokens, each "
+                                       "pre-drafted on its own draft lane (0: only 'all accepted'; fewer when the "
+                                       "measured costs say they would not fit inside the verification)")
     adaptive_gamma: bool = setting(True, "pick each round's γ within [0, the request's γ] from the request's live "
                                          "acceptance rate and the replicas' measured pass costs at their current "
-                                         "batch size (0 = plain decoding when speculation stops paying); off: "
-                                         "always the request's γ")
+                                         "batch size (0 = plain decoding when speculation stops paying), and "
+                                         "as many pre-draft guesses as fit inside a verification; off: always "
+                                         "the request's γ and every guess")
     call_timeout_s: float = setting(30.0, "deadline of each internal call")
     startup_timeout_s: float = setting(300.0, "how long to wait for the replicas to come up")
     grace_s: float = setting(10.0, "seconds in-flight requests get to finish after SIGTERM")

@@ -5,8 +5,9 @@ A round that drafts γ tokens commits on average E(γ) = (1 - α^(γ+1)) / (1 - 
 call spends outside the services (wire, queueing, the coordinator's own work: W_d, W_v, measured per call).
 With R sessions in the verifier's batch, each feeding γ+1 tokens, the verify pass costs V(R·(γ+1)), where V is
 the verifier's measured pass cost (specdec/step_cost.py); a draft pass over the drafter's R_d sessions costs
-D(R_d). γ = 0 is plain decoding through the verifier: E = 1 at cost V(R) + W_v, with no drafter call. The policy picks, within [0, γ_max],
-the γ with the most tokens per unit time. On an idle verifier the fixed cost of a pass dominates and
+D(R_d). In overlapped mode the rounds whose block was pre-drafted (the request's pre-draft hit rate h) skip the
+draft wait, so the draft part counts (1 - h) times. γ = 0 is plain decoding through the verifier: E = 1 at cost
+V(R) + W_v, with no drafter call. The policy picks, within [0, γ_max], the γ with the most tokens per unit time. On an idle verifier the fixed cost of a pass dominates and
 speculation pays; as the batch grows the per-token cost takes over, γ shrinks, and at some load plain
 decoding wins: speculation steps aside. Where that load lies follows from the measurements.
 """
@@ -68,17 +69,37 @@ class AcceptanceRate:
         return (accepted + PRIOR_JUDGED * self.value) / (judged + PRIOR_JUDGED)
 
 
-def choose_gamma(alpha: float, max_gamma: int, verify: PassLoad, draft: PassLoad | None) -> int:
-    """The γ in [0, max_gamma] with the most expected committed tokens per unit time (0 = plain decoding)."""
+def choose_gamma(alpha: float, max_gamma: int, verify: PassLoad, draft: PassLoad | None,
+                 predraft_hit_rate: float = 0.0) -> int:
+    """The γ in [0, max_gamma] with the most expected committed tokens per unit time (0 = plain decoding).
+
+    In overlapped mode a round whose block was pre-drafted during the previous verification (a share
+    predraft_hit_rate of rounds) does not wait for the drafter, so only the other rounds pay the draft time.
+    """
     rows = max(verify.rows, 1.0)
     best_gamma, best_rate = 0, 1.0 / max(verify.cost.predict_ns(rows) + verify.call_overhead_ns, 1.0)
     if draft is None:
         return 0
     draft_pass_ns = draft.cost.predict_ns(max(draft.rows, 1.0))
+    waited_share = 1.0 - predraft_hit_rate
     for gamma in range(1, max_gamma + 1):
-        round_ns = (gamma * draft_pass_ns + draft.call_overhead_ns + verify.cost.predict_ns(rows * (gamma + 1))
-                    + verify.call_overhead_ns)
+        round_ns = (waited_share * (gamma * draft_pass_ns + draft.call_overhead_ns)
+                    + verify.cost.predict_ns(rows * (gamma + 1)) + verify.call_overhead_ns)
         rate = expected_tokens(alpha, gamma) / max(round_ns, 1.0)
         if rate > best_rate:
             best_gamma, best_rate = gamma, rate
     return best_gamma
+
+
+def affordable_guesses(max_guesses: int, draft_steps: int, verify_tokens: float, verify: PassLoad,
+                       draft: PassLoad) -> int:
+    """How many guessed verdicts to pre-draft (at least 1, at most max_guesses): the most whose pre-draft,
+    draft_steps batched passes with a row per guess besides the drafter's other sessions, is expected to end
+    within the verify call it overlaps (a pass feeding verify_tokens tokens). Past that, guesses would delay
+    the next round instead of hiding its draft."""
+    verify_ns = verify.cost.predict_ns(verify_tokens) + verify.call_overhead_ns
+    for count in range(max_guesses, 1, -1):
+        predraft_ns = draft_steps * draft.cost.predict_ns(max(draft.rows, float(count))) + draft.call_overhead_ns
+        if predraft_ns <= verify_ns:
+            return count
+    return 1

@@ -61,4 +61,5 @@ def plan_request(request: coordinator_pb2.GenerateRequest, settings: Coordinator
         gamma=gamma,
         draft_method=request.draft_method,
         overlap=settings.overlap,
+        predraft_guesses=settings.predraft_guesses,
     )

@@ -9,6 +9,7 @@ import sys
 from draft_service.servicer import DrafterServicer
 from draft_service.service import DraftService
 from draft_service.settings import DraftSettings
+from specdec.cpu_affinity import pin_cpus
 from specdec.model_runtime import LoadedModel, ModelSettings
 from specdec.serving import configure_logging, start_server, wait_for_termination
 from specdec.settings import parse_settings
@@ -48,6 +49,7 @@ async def serve(settings: DraftSettings) -> None:
 def main(argv: list[str] | None = None) -> None:
     settings = parse_settings(DraftSettings, argv, description="Draft service of the speculative-decoding stack.")
     configure_logging(settings.log_level)
+    pin_cpus(settings.cpus)
     asyncio.run(serve(settings))
 
 

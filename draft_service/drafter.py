@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -15,6 +15,7 @@ class Proposal:
 
     token_ids: list[int]
     probs: torch.Tensor | None  # [γ, V]; None when q is one-hot (greedy or model-free drafting)
+    alternatives: list[list[int]] = field(default_factory=list)  # per position, other likely tokens (if asked)
 
 
 class DraftSession(Protocol):

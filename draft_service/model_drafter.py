@@ -33,5 +33,5 @@ class ModelDraftSession:
         self.session.append(token_ids)
 
     def propose(self, num_tokens: int) -> Proposal:
-        tokens, probs = draft_with_model(self.session, num_tokens, self.params)
-        return Proposal(tokens, probs)
+        drafted = draft_with_model(self.session, num_tokens, self.params)
+        return Proposal(drafted.token_ids, drafted.probs)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from draft_service.drafter import DraftSession, Proposal
+from draft_service.lanes import DraftLanes
 from draft_service.model_drafter import ModelDraftSession
 from draft_service.ngram_drafter import NgramDraftSession, NgramSettings
 from draft_service.settings import DraftSettings
@@ -20,6 +21,18 @@ from specdec.step_batcher import only_result
 from specdec.step_cost import calibrate
 
 MODEL, NGRAM = "model", "ngram"
+
+
+@dataclass(frozen=True)
+class LaneProposal:
+    """Sync one lane to base_len + appended_ids, then draft num_tokens tokens (and num_alternatives guesses of
+    the verifier's token per drafted position)."""
+
+    lane: int
+    base_len: int
+    appended_ids: Sequence[int]
+    num_tokens: int
+    num_alternatives: int = 0
 
 
 @dataclass(frozen=True)
@@ -45,7 +58,7 @@ class DraftService:
         self.vocab_size = vocab_size
         self.ngram_settings = NgramSettings(settings.ngram_min, settings.ngram_max, settings.ngram_max_proposal)
         self.ngram_settings.validate()
-        self.sessions: SessionStore[DraftSession] = SessionStore(settings.max_sessions, lambda s: s.kv_cache_tokens)
+        self.sessions: SessionStore[DraftLanes] = SessionStore(settings.max_sessions, lambda s: s.kv_cache_tokens)
         # What one batched draft position costs (one token per session), for the coordinator's policy.
         self.step_cost = calibrate(model, one_token_rows=True) if model is not None else None
 
@@ -53,27 +66,35 @@ class DraftService:
     def methods(self) -> list[str]:
         return [MODEL, NGRAM] if self.model is not None else [NGRAM]
 
-    def open(self, session_id: str, prompt_ids: Sequence[int], params: SamplingParams, method: str | None) -> int:
-        """Opens and prefills a session; returns the prefill time in ns."""
-        return only_result(self.open_many([(session_id, prompt_ids, params, method)]))
+    def open(self, session_id: str, prompt_ids: Sequence[int], params: SamplingParams, method: str | None,
+             num_lanes: int = 1) -> int:
+        """Opens and prefills a session (every lane); returns the prefill time in ns."""
+        return only_result(self.open_many([(session_id, prompt_ids, params, method, num_lanes)]))
 
-    def open_many(self, opens: Sequence[tuple[str, Sequence[int], SamplingParams, str | None]]) -> list[int | Exception]:
-        """Opens sessions, prefilling the model ones in one pass; per open the prefill time in ns, or its error."""
+    def open_many(self, opens: Sequence[tuple[str, Sequence[int], SamplingParams, str | None, int]]
+                  ) -> list[int | Exception]:
+        """Opens sessions, prefilling the model ones' lanes in one pass; per open the prefill time in ns, or its
+        error."""
         results: list[int | Exception | None] = [None] * len(opens)
         prefills = []
-        for index, (session_id, prompt_ids, params, method) in enumerate(opens):
+        for index, (session_id, prompt_ids, params, method, num_lanes) in enumerate(opens):
             try:
                 method = method or self.settings.default_draft_method
                 if method not in self.methods:
                     raise InvalidFieldError("draft_method", f"{method!r} is not served here (offered: {self.methods})")
+                if not 1 <= num_lanes <= self.settings.max_lanes:
+                    raise InvalidFieldError("num_lanes", f"{num_lanes} is out of range 1..{self.settings.max_lanes}")
                 self.sessions.reserve(session_id)
-                if method == MODEL:
-                    session: DraftSession = ModelDraftSession(self.model, prompt_ids, params)
-                    if (plan := session.session.plan_prefill()) is not None:
-                        prefills.append(plan)
-                else:
-                    session = NgramDraftSession(prompt_ids, self.ngram_settings)
-                self.sessions.add(session_id, session)
+                lanes: list[DraftSession] = []
+                for _ in range(num_lanes):
+                    if method == MODEL:
+                        lane = ModelDraftSession(self.model, prompt_ids, params)
+                        if (plan := lane.session.plan_prefill()) is not None:
+                            prefills.append(plan)
+                        lanes.append(lane)
+                    else:
+                        lanes.append(NgramDraftSession(prompt_ids, self.ngram_settings))
+                self.sessions.add(session_id, DraftLanes(lanes))
                 results[index] = 0
             except Exception as error:  # noqa: BLE001 - that open fails alone
                 results[index] = error
@@ -88,39 +109,68 @@ class DraftService:
         prefill_ns = time.perf_counter_ns() - started
         return [result if isinstance(result, Exception) else prefill_ns for result in results]
 
-    def propose(self, session_id: str, base_len: int, appended_ids: Sequence[int], num_tokens: int) -> ProposeResult:
-        """Syncs the session to base_len + appended_ids (the sync invariant), then drafts num_tokens tokens."""
-        return only_result(self.propose_many([(session_id, base_len, appended_ids, num_tokens)]))
+    def propose(self, session_id: str, base_len: int, appended_ids: Sequence[int], num_tokens: int,
+                num_alternatives: int = 0) -> ProposeResult:
+        """Syncs lane 0 of the session to base_len + appended_ids (the sync invariant), then drafts num_tokens
+        tokens."""
+        proposal = LaneProposal(0, base_len, appended_ids, num_tokens, num_alternatives)
+        return only_result(self.propose_many([(session_id, [proposal])]))[0]
 
-    def propose_many(self, proposals: Sequence[tuple[str, int, Sequence[int], int]]) -> list[ProposeResult | Exception]:
-        """propose() for several sessions (one call per session); the model sessions draft together, one pass
-        per drafted position. Per call its result or the error that failed it alone."""
-        results: list[ProposeResult | Exception | None] = [None] * len(proposals)
-        model_jobs: list[tuple[int, ModelDraftSession, int]] = []
+    def propose_many(self, calls: Sequence[tuple[str, Sequence[LaneProposal]]]
+                     ) -> list[list[ProposeResult] | Exception]:
+        """Proposals on the lanes of several sessions (one call per session, one entry per lane); all model lanes
+        draft together, one pass per drafted position. Per call one result per lane, or the error that failed
+        that call alone."""
+        results: list[list[ProposeResult] | Exception] = [[] for _ in calls]
+        model_jobs: list[tuple[int, int, ModelDraftSession, LaneProposal]] = []  # (call, slot, lane, proposal)
         started = time.perf_counter_ns()
-        for index, (session_id, base_len, appended_ids, num_tokens) in enumerate(proposals):
+        for index, (session_id, proposals) in enumerate(calls):
             try:
-                if num_tokens > self.settings.max_speculative_tokens:
-                    raise InvalidFieldError("num_speculative_tokens", f"{num_tokens} exceeds this drafter's limit "
-                                            f"of {self.settings.max_speculative_tokens}")
-                session = self.sessions.get(session_id)
-                if len(session) < base_len:
-                    raise StaleBaseLenError(session_id, base_len, len(session))
-                session.truncate(base_len)
-                session.append(appended_ids)
-                if isinstance(session, ModelDraftSession) and num_tokens:
-                    model_jobs.append((index, session, num_tokens))
-                else:
-                    proposal = session.propose(num_tokens) if num_tokens else Proposal([], None)
-                    results[index] = ProposeResult(proposal, len(session), time.perf_counter_ns() - started)
+                results[index] = self._sync_lanes(session_id, proposals, index, model_jobs, started)
             except Exception as error:  # noqa: BLE001
                 results[index] = error
-        drafted = draft_many([(session.session, num_tokens, session.params) for _, session, num_tokens in model_jobs])
+                model_jobs = [job for job in model_jobs if job[0] != index]
+        drafted = draft_many([(lane.session, p.num_tokens, lane.params, p.num_alternatives)
+                              for _, _, lane, p in model_jobs])
         draft_ns = time.perf_counter_ns() - started
-        for (index, session, _), outcome in zip(model_jobs, drafted):
-            results[index] = outcome if isinstance(outcome, Exception) else ProposeResult(
-                Proposal(*outcome), len(session), draft_ns, len(model_jobs))
+        for (index, slot, lane, _), outcome in zip(model_jobs, drafted):
+            if isinstance(results[index], Exception):
+                continue
+            if isinstance(outcome, Exception):
+                results[index] = outcome
+                continue
+            proposal = Proposal(outcome.token_ids, outcome.probs, outcome.alternatives)
+            results[index][slot] = ProposeResult(proposal, len(lane), draft_ns, len(model_jobs))
         return results
+
+    def _sync_lanes(self, session_id: str, proposals: Sequence[LaneProposal], call: int,
+                    model_jobs: list[tuple[int, int, ModelDraftSession, LaneProposal]],
+                    started: int) -> list[ProposeResult | None]:
+        """Syncs each named lane; model lanes with tokens to draft join model_jobs, the others are answered here
+        (their slot in the returned list; model lanes' slots stay None until drafted)."""
+        lanes = self.sessions.get(session_id)
+        if len({p.lane for p in proposals}) < len(proposals):
+            raise InvalidFieldError("lanes", "names a lane more than once")
+        answered: list[ProposeResult | None] = []
+        for slot, proposal in enumerate(proposals):
+            if proposal.num_tokens > self.settings.max_speculative_tokens:
+                raise InvalidFieldError("num_speculative_tokens", f"{proposal.num_tokens} exceeds this drafter's "
+                                        f"limit of {self.settings.max_speculative_tokens}")
+            if proposal.num_alternatives > self.settings.max_alternatives:
+                raise InvalidFieldError("num_alternatives", f"{proposal.num_alternatives} exceeds this drafter's "
+                                        f"limit of {self.settings.max_alternatives}")
+            lane = lanes.lane(proposal.lane)
+            if len(lane) < proposal.base_len:
+                raise StaleBaseLenError(session_id, proposal.base_len, len(lane))
+            lane.truncate(proposal.base_len)
+            lane.append(proposal.appended_ids)
+            if isinstance(lane, ModelDraftSession) and proposal.num_tokens:
+                model_jobs.append((call, slot, lane, proposal))
+                answered.append(None)
+                continue
+            drafted = lane.propose(proposal.num_tokens) if proposal.num_tokens else Proposal([], None)
+            answered.append(ProposeResult(drafted, len(lane), time.perf_counter_ns() - started))
+        return answered
 
     def close(self, session_id: str) -> bool:
         return self.sessions.close(session_id)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from draft_service.service import MODEL, NGRAM, DraftService
+from draft_service.service import MODEL, NGRAM, DraftService, LaneProposal, ProposeResult
 from specdec.step_batcher import StepBatcher
 from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 from specdec.wire import check_token_ids, probs_to_proto, sampling_from_proto
@@ -34,18 +34,26 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         prompt = check_token_ids(request.prompt_token_ids, self.service.vocab_size, "prompt_token_ids")
         params = sampling_from_proto(request.sampling)
         method = METHOD_NAMES.get(request.draft_method, "unknown")
-        prefill_ns = await self._batcher.submit("open", request.session_id, prompt, params, method)
+        prefill_ns = await self._batcher.submit("open", request.session_id, prompt, params, method,
+                                                max(request.num_lanes, 1))
         return drafter_pb2.OpenDraftSessionResponse(session_len=len(prompt), prefill_ns=prefill_ns)
 
     async def Propose(self, request: drafter_pb2.ProposeRequest, context) -> drafter_pb2.ProposeResponse:
+        proposal = self._lane_proposal(0, request)
+        results = await self._batcher.submit("propose", request.session_id, [proposal])
+        return _propose_response(results[0])
+
+    async def ProposeLanes(self, request: drafter_pb2.ProposeLanesRequest,
+                           context) -> drafter_pb2.ProposeLanesResponse:
+        proposals = [self._lane_proposal(lane.lane, lane) for lane in request.lanes]
+        results = await self._batcher.submit("propose", request.session_id, proposals)
+        return drafter_pb2.ProposeLanesResponse(lanes=[_propose_response(result) for result in results])
+
+    def _lane_proposal(self, lane: int, request: drafter_pb2.ProposeRequest | drafter_pb2.LaneProposal) -> LaneProposal:
         appended = check_token_ids(request.appended_token_ids, self.service.vocab_size, "appended_token_ids",
                                    allow_empty=True)
-        result = await self._batcher.submit("propose", request.session_id, request.base_len, appended,
-                                            request.num_speculative_tokens)
-        return drafter_pb2.ProposeResponse(draft_token_ids=result.proposal.token_ids,
-                                           draft_probs=probs_to_proto(result.proposal.probs),
-                                           session_len=result.session_len, draft_ns=result.draft_ns,
-                                           batch_rows=result.batch_rows)
+        return LaneProposal(lane, request.base_len, appended, request.num_speculative_tokens,
+                            request.num_alternatives)
 
     async def CloseSession(self, request: common_pb2.CloseSessionRequest, context) -> common_pb2.CloseSessionResponse:
         return common_pb2.CloseSessionResponse(closed=await self._batcher.run(self.service.close, request.session_id))
@@ -66,3 +74,11 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             draft_methods=[METHOD_ENUMS[m] for m in service.methods],
             step_cost_fixed_ns=service.step_cost.fixed_ns if service.step_cost else 0.0,
             step_cost_per_token_ns=service.step_cost.per_token_ns if service.step_cost else 0.0)
+
+
+def _propose_response(result: ProposeResult) -> drafter_pb2.ProposeResponse:
+    proposal = result.proposal
+    return drafter_pb2.ProposeResponse(
+        draft_token_ids=proposal.token_ids, draft_probs=probs_to_proto(proposal.probs),
+        session_len=result.session_len, draft_ns=result.draft_ns, batch_rows=result.batch_rows,
+        alternative_token_ids=[token for position in proposal.alternatives for token in position])

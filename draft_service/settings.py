@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specdec.embedded_pair import DEMO_DRAFT_DIR
+from specdec.cpu_affinity import CpuAffinitySettings
 from specdec.settings import setting
 from specdec.step_batcher import StepBatchingSettings
 from specdec.tls import ServerTlsSettings
 
 
 @dataclass(frozen=True)
-class DraftSettings(ServerTlsSettings, StepBatchingSettings):
+class DraftSettings(ServerTlsSettings, StepBatchingSettings, CpuAffinitySettings):
     """Everything the draft service reads at start-up (tls_*: TLS, or mutual TLS with tls_client_ca, on its port)."""
 
     address: str = setting("[::]:50061", "host:port to serve gRPC on (port 0 picks a free port)")
@@ -22,6 +23,8 @@ class DraftSettings(ServerTlsSettings, StepBatchingSettings):
     threads: int = setting(1, "CPU threads for the model (0 = torch default)")
     max_sessions: int = setting(256, "most sessions held at once; more are refused with RESOURCE_EXHAUSTED")
     max_speculative_tokens: int = setting(16, "largest num_speculative_tokens a Propose may ask for")
+    max_lanes: int = setting(16, "most lanes one session may hold (a coordinator's pre-draft guesses)")
+    max_alternatives: int = setting(8, "largest num_alternatives a Propose may ask for")
     default_draft_method: str = setting("model", "draft method for sessions that name none: model or ngram")
     ngram_min: int = setting(1, "n-gram drafter: shortest suffix matched")
     ngram_max: int = setting(4, "n-gram drafter: longest suffix matched")

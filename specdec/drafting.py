@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -11,7 +11,15 @@ from specdec.kv_session import KVSession, PlannedForward, run_forwards
 from specdec.sampling import SamplingParams, Stream, logits_to_probs, sample_token
 from specdec.step_batcher import only_result
 
-Drafted = tuple[list[int], torch.Tensor | None]  # tokens, and q [γ, V] (None when one-hot)
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """What one session drafted."""
+
+    token_ids: list[int]
+    probs: torch.Tensor | None  # q [γ, V] the tokens were drawn from; None when one-hot (greedy)
+    alternatives: list[list[int]]  # per drafted position, the draft's next most likely other tokens ([] if not asked)
 
 
 @dataclass
@@ -21,27 +29,44 @@ class DraftJob:
     session: KVSession
     num_tokens: int
     params: SamplingParams
-    tokens: list[int]
-    rows: list[torch.Tensor]  # the q rows [V] the tokens were drawn from
+    num_alternatives: int
+    tokens: list[int] = field(default_factory=list)
+    rows: list[torch.Tensor] = field(default_factory=list)  # the q rows [V] the tokens were drawn from
+    alternatives: list[list[int]] = field(default_factory=list)
+
+    def add(self, logits: torch.Tensor) -> int:
+        """Draws the next token from the draft's logits [V] at this position; returns it."""
+        probs = logits_to_probs(logits, self.params)  # [V]
+        token = sample_token(probs, self.params, position=len(self.session), stream=Stream.DRAFT)
+        self.tokens.append(token)
+        self.rows.append(probs)
+        if self.num_alternatives:
+            ranked = logits.topk(min(self.num_alternatives + 1, logits.shape[-1])).indices.tolist()
+            self.alternatives.append([t for t in ranked if t != token][:self.num_alternatives])
+        return token
 
     def result(self) -> Drafted:
-        if self.params.greedy or not self.rows:
-            return self.tokens, None
-        return self.tokens, torch.stack(self.rows)  # [γ, V]
+        probs = None if self.params.greedy or not self.rows else torch.stack(self.rows)  # [γ, V]
+        return Drafted(self.tokens, probs, self.alternatives)
 
 
-def draft_many(requests: Sequence[tuple[KVSession, int, SamplingParams]]) -> list[Drafted | Exception]:
+DraftRequest = tuple[KVSession, int, SamplingParams, int]  # session, tokens to draft, sampling, alternatives
+
+
+def draft_many(requests: Sequence[DraftRequest]) -> list[Drafted | Exception]:
     """Samples num_tokens tokens after each session's sequence and appends them to it.
 
-    Step i feeds every session still drafting in one pass. Returns per request the tokens and the
+    Step i feeds every session still drafting in one pass. Returns per request the tokens, the
     distributions q they were drawn from ([γ, V]), or None under greedy decoding, where q is one-hot at the
-    drafted token; or the error that failed that request alone. The last drafted token is left pending:
-    the next extend feeds it, or a rollback drops it without it ever being computed.
+    drafted token, and per position the num_alternatives most likely other tokens by the draft's logits
+    (guesses of what the verifier puts there if it rejects the drafted token); or the error that failed that
+    request alone. The last drafted token is left pending: the next extend feeds it, or a rollback drops it
+    without it ever being computed.
     """
     results: list[Drafted | Exception | None] = [None] * len(requests)
     live: list[tuple[int, DraftJob, PlannedForward]] = []
-    for index, (session, num_tokens, params) in enumerate(requests):
-        job = DraftJob(session, num_tokens, params, [], [])
+    for index, (session, num_tokens, params, num_alternatives) in enumerate(requests):
+        job = DraftJob(session, num_tokens, params, num_alternatives)
         if num_tokens == 0:
             results[index] = job.result()
             continue
@@ -53,10 +78,7 @@ def draft_many(requests: Sequence[tuple[KVSession, int, SamplingParams]]) -> lis
         still_live = []
         for (index, job, _), logits in zip(live, run_forwards([plan for _, _, plan in live])):
             try:
-                probs = logits_to_probs(logits[-1], job.params)  # [V]
-                token = sample_token(probs, job.params, position=len(job.session), stream=Stream.DRAFT)
-                job.tokens.append(token)
-                job.rows.append(probs)
+                token = job.add(logits[-1])
                 if len(job.tokens) < job.num_tokens:
                     still_live.append((index, job, job.session.plan_extend([token], score_previous=False)))
                     continue
@@ -68,6 +90,7 @@ def draft_many(requests: Sequence[tuple[KVSession, int, SamplingParams]]) -> lis
     return results
 
 
-def draft_with_model(session: KVSession, num_tokens: int, params: SamplingParams) -> Drafted:
+def draft_with_model(session: KVSession, num_tokens: int, params: SamplingParams,
+                     num_alternatives: int = 0) -> Drafted:
     """One session's draft (see draft_many); raises its error."""
-    return only_result(draft_many([(session, num_tokens, params)]))
+    return only_result(draft_many([(session, num_tokens, params, num_alternatives)]))

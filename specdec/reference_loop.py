@@ -38,7 +38,8 @@ def speculative_generate(target: LoadedModel, draft: LoadedModel, prompt_ids: Se
     while len(generated) < max_new_tokens:
         base_len = len(target_session)
         block = min(gamma, max_new_tokens - len(generated) - 1)  # never draft past the budget
-        draft_tokens, draft_probs = draft_with_model(draft_session, block, sampling)
+        drafted = draft_with_model(draft_session, block, sampling)
+        draft_tokens, draft_probs = drafted.token_ids, drafted.probs
         verdict, _ = verify_round(target_session, "reference", base_len, draft_tokens, draft_probs, sampling)
         stats.record(len(draft_tokens), verdict.num_accepted)
         # Sync the draft to the committed sequence: roll back to the accepted prefix, add the new token.

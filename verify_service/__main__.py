@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from specdec.cpu_affinity import pin_cpus
 from specdec.model_runtime import LoadedModel, ModelSettings
 from specdec.serving import RunningServer, configure_logging, start_server, wait_for_termination
 from specdec.settings import parse_settings
@@ -58,6 +59,7 @@ async def _stop_serving(running: RunningServer, servicer: VerifierServicer) -> N
 def main(argv: list[str] | None = None) -> None:
     settings = parse_settings(VerifySettings, argv, description="Verify service of the speculative-decoding stack.")
     configure_logging(settings.log_level)
+    pin_cpus(settings.cpus)
     asyncio.run(serve(settings))
 
 

@@ -46,6 +46,11 @@ class DrafterStub:
                 request_serializer=specdec_dot_v1_dot_drafter__pb2.ProposeRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_drafter__pb2.ProposeResponse.FromString,
                 _registered_method=True)
+        self.ProposeLanes = channel.unary_unary(
+                '/specdec.v1.Drafter/ProposeLanes',
+                request_serializer=specdec_dot_v1_dot_drafter__pb2.ProposeLanesRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_drafter__pb2.ProposeLanesResponse.FromString,
+                _registered_method=True)
         self.CloseSession = channel.unary_unary(
                 '/specdec.v1.Drafter/CloseSession',
                 request_serializer=specdec_dot_v1_dot_common__pb2.CloseSessionRequest.SerializeToString,
@@ -71,6 +76,14 @@ class DrafterServicer:
 
     def Propose(self, request, context):
         """Syncs the session to the committed sequence (base_len + appended tokens) and drafts tokens.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProposeLanes(self, request, context):
+        """Proposes on several lanes of one session at once (one batched pass per drafted position): a coordinator
+        pre-drafting the next block under several guessed verdicts of the current one.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -102,6 +115,11 @@ def add_DrafterServicer_to_server(servicer, server):
                     servicer.Propose,
                     request_deserializer=specdec_dot_v1_dot_drafter__pb2.ProposeRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_drafter__pb2.ProposeResponse.SerializeToString,
+            ),
+            'ProposeLanes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProposeLanes,
+                    request_deserializer=specdec_dot_v1_dot_drafter__pb2.ProposeLanesRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_drafter__pb2.ProposeLanesResponse.SerializeToString,
             ),
             'CloseSession': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseSession,
@@ -169,6 +187,33 @@ class Drafter:
             '/specdec.v1.Drafter/Propose',
             specdec_dot_v1_dot_drafter__pb2.ProposeRequest.SerializeToString,
             specdec_dot_v1_dot_drafter__pb2.ProposeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProposeLanes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specdec.v1.Drafter/ProposeLanes',
+            specdec_dot_v1_dot_drafter__pb2.ProposeLanesRequest.SerializeToString,
+            specdec_dot_v1_dot_drafter__pb2.ProposeLanesResponse.FromString,
             options,
             channel_credentials,
             insecure,

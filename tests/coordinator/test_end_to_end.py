@@ -9,14 +9,17 @@ import time
 import grpc
 import pytest
 
+from coordinator.predraft import DraftLane, guesses
 from specdec.client import Client
 from specdec.local_stack import LocalStack, start_service
 from specdec.model_runtime import LoadedModel, ModelSettings
 from specdec.reference_loop import speculative_generate, target_only_generate
 from specdec.sampling import SamplingParams
-from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2_grpc
+from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from specdec.wire import sampling_to_proto
 
 MAX_NEW = 24
+LANES_GAMMA = 3
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +121,7 @@ def test_overlap_reports_predraft_hits(client):
     reply = client.generate([3, 4, 5], max_new_tokens=60, num_speculative_tokens=2, include_stats=True)
     stats = reply.stats
     assert stats.predraft_attempts > 0 and 0 <= stats.predraft_hits <= stats.predraft_attempts
+    assert stats.predraft_guesses > stats.predraft_attempts  # "all accepted" and rejection guesses, side by side
 
 
 @pytest.mark.parametrize("kwargs, field", [
@@ -168,3 +172,80 @@ def test_cancelled_stream_leaves_no_session_behind(stack, client):
         time.sleep(0.2)
     assert active_sessions(stack) == (0, 0)
     assert client.generate([1, 2], max_new_tokens=3).token_ids  # still serving
+
+
+def test_guess_lanes_end_right_after_hits_and_misses(stack):
+    """Pre-drafts on lanes, one per guessed verdict (coordinator/predraft.py), over the raw RPCs: whatever the
+    verdict, the lane that drafts next (the selected guess's on a hit, the nearest one after a miss) returns
+    exactly the block a fresh session opened on the committed sequence drafts, and so does the verifier."""
+    params = SamplingParams()  # greedy: the draft's runner-up is often the verifier's token, so guesses hit
+    lanes_count = 1 + LANES_GAMMA
+    outcomes = {"hit": 0, "miss": 0}
+    with grpc.insecure_channel(stack.services["draft"].address) as draft_channel, \
+            grpc.insecure_channel(stack.services["verify"].address) as verify_channel:
+        drafter = drafter_pb2_grpc.DrafterStub(draft_channel)
+        verifier = verifier_pb2_grpc.VerifierStub(verify_channel)
+        for attempt, prompt in enumerate(random_prompts(6, seed=9)):
+            sampling = sampling_to_proto(params)
+            session_id = f"lanes-{attempt}"
+            drafter.OpenSession(drafter_pb2.OpenDraftSessionRequest(
+                session_id=session_id, prompt_token_ids=prompt, sampling=sampling, num_lanes=lanes_count), timeout=30)
+            verifier.OpenSession(verifier_pb2.OpenVerifySessionRequest(
+                session_id=session_id, prompt_token_ids=prompt, sampling=sampling), timeout=30)
+            lanes = [DraftLane(i, list(prompt), len(prompt)) for i in range(lanes_count)]
+            committed = list(prompt)
+
+            def propose(calls: list[tuple[DraftLane, list[int], int]]) -> list[drafter_pb2.ProposeResponse]:
+                request = drafter_pb2.ProposeLanesRequest(session_id=session_id, lanes=[
+                    drafter_pb2.LaneProposal(lane=lane.index, base_len=lane.sync_to(seq)[0],
+                                             appended_token_ids=lane.sync_to(seq)[1], num_speculative_tokens=n,
+                                             num_alternatives=1) for lane, seq, n in calls])
+                replies = list(drafter.ProposeLanes(request, timeout=30).lanes)
+                for (lane, seq, _), reply in zip(calls, replies):
+                    lane.synced(seq, list(reply.draft_token_ids), len(committed))
+                return replies
+
+            [block] = propose([(lanes[0], list(committed), LANES_GAMMA)])
+            block_lane = lanes[0]
+            for _ in range(8):
+                tokens = list(block.draft_token_ids)
+                alternatives = [list(block.alternative_token_ids[i:i + 1]) for i in range(len(tokens))]
+                guessed = guesses(tokens, alternatives, 1)
+                free = iter(lane for lane in lanes if lane is not block_lane)
+                calls = [(block_lane if g.next_token is None else next(free), g.sequence(committed, tokens),
+                          LANES_GAMMA + 1 if g.next_token is None else LANES_GAMMA) for g in guessed]
+                verdict_future = verifier.Verify.future(verifier_pb2.VerifyRequest(
+                    session_id=session_id, base_len=len(committed), draft_token_ids=tokens,
+                    draft_probs=block.draft_probs), timeout=30)
+                predrafts = propose(calls)  # while the verifier works
+                verdict = verdict_future.result()
+                committed += [*verdict.accepted_token_ids, verdict.next_token_id]
+                selected = [(call, reply) for g, call, reply in zip(guessed, calls, predrafts)
+                            if g.matches(len(verdict.accepted_token_ids), verdict.next_token_id,
+                                         reply.draft_token_ids)]
+                fresh_id = f"{session_id}-fresh-{len(committed)}"
+                drafter.OpenSession(drafter_pb2.OpenDraftSessionRequest(
+                    session_id=fresh_id, prompt_token_ids=committed, sampling=sampling), timeout=30)
+                fresh = drafter.Propose(drafter_pb2.ProposeRequest(
+                    session_id=fresh_id, base_len=len(committed), num_speculative_tokens=LANES_GAMMA,
+                    num_alternatives=1),
+                    timeout=30)
+                drafter.CloseSession(common_pb2.CloseSessionRequest(session_id=fresh_id), timeout=30)
+                if selected:
+                    outcomes["hit"] += 1
+                    (block_lane, _, _), reply = selected[0]
+                    skip = 1 if block_lane is calls[0][0] else 0  # "all accepted" drafted the bonus token first
+                    assert list(reply.draft_token_ids[skip:skip + LANES_GAMMA]) == list(fresh.draft_token_ids)
+                    assert (list(reply.alternative_token_ids[skip:skip + LANES_GAMMA])
+                            == list(fresh.alternative_token_ids))
+                    block = fresh
+                else:
+                    outcomes["miss"] += 1
+                    block_lane = max(lanes, key=lambda lane: lane.sync_to(committed)[0])
+                    [block] = propose([(block_lane, list(committed), LANES_GAMMA)])
+                    assert list(block.draft_token_ids) == list(fresh.draft_token_ids)
+                    assert list(block.alternative_token_ids) == list(fresh.alternative_token_ids)
+            assert verdict.session_len == len(committed)
+            drafter.CloseSession(common_pb2.CloseSessionRequest(session_id=session_id), timeout=30)
+            verifier.CloseSession(common_pb2.CloseSessionRequest(session_id=session_id), timeout=30)
+    assert outcomes["hit"] > 0 and outcomes["miss"] > 0, outcomes

@@ -64,3 +64,12 @@ def test_time_outside_the_services_is_paid_once_more_per_speculative_round():
     for _ in range(50):
         draft.observe_call(60 * MS)  # a drafter call that waits long outside the service
     assert 0 == choose_gamma(0.6, 8, verify, draft) <= without
+
+
+def test_draft_time_hidden_by_predrafts_allows_deeper_blocks():
+    verify = PassLoad(StepCost(40 * MS, 1.25 * MS), rows=1)
+    draft = PassLoad(StepCost(12 * MS, 0.0), rows=1)  # a slow drafter: every drafted token costs 12 ms
+    sequential = choose_gamma(0.6, 8, verify, draft)
+    overlapped = choose_gamma(0.6, 8, verify, draft, predraft_hit_rate=0.8)
+    assert overlapped > sequential
+    assert choose_gamma(0.6, 8, verify, draft, predraft_hit_rate=0.0) == sequential

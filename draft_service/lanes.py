@@ -1,0 +1,37 @@
+"""A draft session's lanes: independent sequences of one request on the drafter, each with its own cache.
+
+A coordinator that pre-drafts the next block under several guessed verdicts of the current one keeps one lane
+per guess. Every lane starts from the prompt and is synced on its own through base_len, like a session with a
+single lane; they are opened, counted and closed together under the request's session id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from draft_service.drafter import DraftSession
+from specdec.errors import InvalidFieldError
+
+
+class DraftLanes:
+    """The lanes of one draft session (lane 0 is the one a plain Propose drafts on)."""
+
+    def __init__(self, lanes: Sequence[DraftSession]):
+        if not lanes:
+            raise ValueError("a draft session needs at least one lane")
+        self._lanes = list(lanes)
+
+    def __len__(self) -> int:
+        """How many lanes the session holds."""
+        return len(self._lanes)
+
+    def lane(self, index: int) -> DraftSession:
+        """One lane; INVALID_ARGUMENT naming `lane` when the session has no such lane."""
+        if not 0 <= index < len(self._lanes):
+            raise InvalidFieldError("lane", f"{index} is out of range: this session has {len(self._lanes)} lane(s)")
+        return self._lanes[index]
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        """Tokens held in the caches of all lanes."""
+        return sum(lane.kv_cache_tokens for lane in self._lanes)

@@ -1,0 +1,55 @@
+"""Guessed verdicts and draft lanes (coordinator/predraft.py) and how many guesses fit (speculation_policy)."""
+
+from __future__ import annotations
+
+from coordinator.predraft import DraftLane, Guess, guesses
+from coordinator.speculation_policy import PassLoad, affordable_guesses
+from specdec.step_cost import StepCost
+
+BLOCK = [11, 12, 13]
+ALTERNATIVES = [[21, 31], [22, 32], [23]]  # per position, the draft's next most likely other tokens
+
+
+def test_guesses_put_all_accepted_first_then_rejections_rank_by_rank():
+    assert guesses(BLOCK, ALTERNATIVES, 0) == [Guess(3, None)]
+    assert guesses(BLOCK, ALTERNATIVES, 1) == [Guess(3, None), Guess(0, 21), Guess(1, 22), Guess(2, 23)]
+    assert guesses(BLOCK, ALTERNATIVES, 2)[4:] == [Guess(0, 31), Guess(1, 32)]  # position 2 has no second one
+    assert guesses(BLOCK, [], 2) == [Guess(3, None)]  # a drafter that ranks no alternatives (n-gram)
+
+
+def test_a_guess_names_the_sequence_to_draft_after_and_the_verdict_it_stands_for():
+    committed = [1, 2]
+    assert Guess(3, None).sequence(committed, BLOCK) == [1, 2, 11, 12, 13]
+    assert Guess(1, 22).sequence(committed, BLOCK) == [1, 2, 11, 22]
+    # "all accepted": the verdict's bonus token must be what the lane drafted first.
+    assert Guess(3, None).matches(3, 40, [40, 41])
+    assert not Guess(3, None).matches(3, 40, [41, 40]) and not Guess(3, None).matches(2, 40, [40])
+    assert Guess(1, 22).matches(1, 22, [50]) and not Guess(1, 22).matches(1, 23, [50])
+    assert not Guess(1, 22).matches(2, 22, [50])
+
+
+def test_a_lane_syncs_through_the_longest_prefix_it_shares_with_the_new_sequence():
+    lane = DraftLane(0, [1, 2], committed_len=2)
+    committed = [1, 2]
+    guess = Guess(1, 22)
+    lane.synced(guess.sequence(committed, BLOCK), [60, 61], committed_len=len(committed))
+    assert lane.held == [1, 2, 11, 22, 60, 61]
+    assert lane.sync_to([1, 2, 11, 22, 60, 61, 70]) == (6, [70])  # the guess was right and its block accepted
+    assert lane.sync_to([1, 2, 11, 22, 60, 99]) == (5, [99])  # right guess, then a rejection in its block
+    assert lane.sync_to([1, 2, 11, 12, 13, 40]) == (3, [12, 13, 40])  # wrong guess: back to the shared prefix
+    assert lane.sync_to([1, 2, 14]) == (2, [14])
+
+
+def _load(fixed_ms: float, per_token_ms: float, rows: float) -> PassLoad:
+    return PassLoad(StepCost(fixed_ms * 1e6, per_token_ms * 1e6), rows=rows)
+
+
+def test_guesses_are_limited_to_what_the_drafter_finishes_within_the_verification():
+    verify = _load(40, 1.25, 1)  # one session, 5 tokens: 46.25 ms
+    cheap_draft = _load(6, 0.25, 1)  # 5 passes of 9 rows: 41.25 ms
+    assert affordable_guesses(9, 5, 5, verify, cheap_draft) == 9
+    slow_draft = _load(8, 1.0, 1)  # 5 passes cost 40 ms + 5 ms per row: 1 guess fits
+    assert affordable_guesses(9, 5, 5, verify, slow_draft) == 1
+    busy_draft = _load(6, 0.25, 40)  # the drafter's batch is already 40 rows: 80 ms for 5 passes
+    assert affordable_guesses(9, 5, 5, verify, busy_draft) == 1
+    assert affordable_guesses(9, 5, 5 * 16, _load(40, 1.25, 16), busy_draft) == 9  # a busy verifier hides them

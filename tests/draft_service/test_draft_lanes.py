@@ -1,0 +1,97 @@
+"""Draft lanes: several independent sequences of one session, synced on their own and drafted in one batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draft_service.service import DraftService, LaneProposal
+from draft_service.settings import DraftSettings
+from specdec.errors import InvalidFieldError, StaleBaseLenError
+from specdec.sampling import SamplingParams
+
+PROMPT = [4, 8, 15, 16, 23]
+GREEDY = SamplingParams()
+SAMPLED = SamplingParams(temperature=1.0, seed=3)
+
+
+@pytest.fixture
+def drafter(tiny_pair):
+    _, draft = tiny_pair
+    return DraftService(DraftSettings(model=""), draft, draft.vocab_size)
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_each_lane_drafts_what_a_session_of_its_own_would(drafter, params):
+    """Three lanes sent to three different sequences in one call: each lane's block (tokens, q rows, alternatives)
+    equals a fresh one-lane session's on that sequence, and each lane can be rolled back on its own later."""
+    drafter.open("s", PROMPT, params, "model", num_lanes=3)
+    sequences = [PROMPT + [1], PROMPT + [2, 3], PROMPT]
+    proposals = [LaneProposal(lane, len(PROMPT), seq[len(PROMPT):], 4, num_alternatives=2)
+                 for lane, seq in enumerate(sequences)]
+    [results] = drafter.propose_many([("s", proposals)])
+    assert [r.batch_rows for r in results] == [3, 3, 3]  # drafted by the same passes
+    for index, (sequence, result) in enumerate(zip(sequences, results)):
+        drafter.open(f"fresh-{index}", sequence, params, "model")
+        fresh = drafter.propose(f"fresh-{index}", len(sequence), [], 4, num_alternatives=2)
+        assert result.proposal.token_ids == fresh.proposal.token_ids
+        assert result.proposal.alternatives == fresh.proposal.alternatives
+        assert result.session_len == len(sequence) + 4
+        if params.greedy:
+            assert result.proposal.probs is None
+        else:
+            torch.testing.assert_close(result.proposal.probs, fresh.proposal.probs, rtol=1e-4, atol=1e-6)
+    # Lane 1 rolls back to the prompt and follows lane 0's sequence; lanes 0 and 2 are left alone.
+    [[moved]] = drafter.propose_many([("s", [LaneProposal(1, len(PROMPT), [1], 4, 2)])])
+    assert moved.proposal.token_ids == results[0].proposal.token_ids
+    lanes = drafter.sessions.get("s")
+    assert [len(lanes.lane(i)) for i in range(3)] == [len(PROMPT) + 5, len(PROMPT) + 5, len(PROMPT) + 4]
+
+
+def test_alternatives_are_the_drafts_next_most_likely_tokens(drafter, tiny_pair):
+    _, draft = tiny_pair
+    drafter.open("s", PROMPT, GREEDY, "model")
+    result = drafter.propose("s", len(PROMPT), [], 3, num_alternatives=3)
+    sequence = list(PROMPT)
+    for token, alternatives in zip(result.proposal.token_ids, result.proposal.alternatives):
+        with torch.no_grad():
+            logits = draft.model(torch.tensor([sequence])).logits[0, -1]  # [V]
+        ranked = logits.topk(4).indices.tolist()
+        assert ranked[0] == token and alternatives == ranked[1:]
+        sequence.append(token)
+    assert drafter.propose("s", len(PROMPT), [], 3).proposal.alternatives == []  # none asked, none returned
+
+
+def test_lanes_are_counted_and_closed_with_their_session(drafter):
+    drafter.open("s", PROMPT, GREEDY, "model", num_lanes=4)
+    assert len(drafter.sessions) == 1
+    drafter.propose_many([("s", [LaneProposal(lane, len(PROMPT), [], 2) for lane in range(4)])])
+    assert drafter.sessions.kv_cache_tokens() == 4 * (len(PROMPT) + 1)  # each lane's last draft is still pending
+    assert drafter.close("s") and len(drafter.sessions) == 0 and drafter.sessions.kv_cache_tokens() == 0
+
+
+@pytest.mark.parametrize("proposals, field", [
+    ([LaneProposal(2, len(PROMPT), [], 2)], "lane"),
+    ([LaneProposal(0, len(PROMPT), [], 2), LaneProposal(0, len(PROMPT), [], 1)], "lanes"),
+    ([LaneProposal(0, len(PROMPT), [], 2, num_alternatives=99)], "num_alternatives"),
+    ([LaneProposal(0, len(PROMPT), [], 99)], "num_speculative_tokens"),
+])
+def test_bad_lane_proposals_name_the_field_and_fail_only_their_call(drafter, proposals, field):
+    drafter.open("bad", PROMPT, GREEDY, "model", num_lanes=2)
+    drafter.open("good", PROMPT, GREEDY, "model")
+    bad, good = drafter.propose_many([("bad", proposals), ("good", [LaneProposal(0, len(PROMPT), [], 2)])])
+    assert isinstance(bad, InvalidFieldError) and bad.field == field
+    assert len(good) == 1 and len(good[0].proposal.token_ids) == 2
+
+
+def test_a_stale_lane_is_refused(drafter):
+    drafter.open("s", PROMPT, GREEDY, "model", num_lanes=2)
+    [refused] = drafter.propose_many([("s", [LaneProposal(1, len(PROMPT) + 2, [], 2)])])
+    assert isinstance(refused, StaleBaseLenError)
+
+
+@pytest.mark.parametrize("num_lanes", [0, 17])
+def test_lane_counts_out_of_range_are_refused(drafter, num_lanes):
+    with pytest.raises(InvalidFieldError) as raised:
+        drafter.open("s", PROMPT, GREEDY, "model", num_lanes=num_lanes)
+    assert raised.value.field == "num_lanes" and len(drafter.sessions) == 0
