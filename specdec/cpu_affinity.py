@@ -23,14 +23,11 @@ class CpuAffinitySettings:
 def parse_cpus(spec: str) -> set[int]:
     """'0,2-3' -> {0, 2, 3}; ValueError naming `cpus` when malformed."""
     cores: set[int] = set()
-    try:
-        for part in spec.split(","):
-            first, _, last = part.strip().partition("-")
-            cores.update(range(int(first), int(last or first) + 1))
-    except ValueError:
-        raise ValueError(f"cpus: {spec!r} is not a list of cores like '0,2-3'") from None
-    if not cores or min(cores) < 0:
-        raise ValueError(f"cpus: {spec!r} names no core")
+    for part in spec.split(","):
+        first, dash, last = part.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()) or (dash and int(last) < int(first)):
+            raise ValueError(f"cpus: {spec!r} is not a list of cores like '0,2-3'")
+        cores.update(range(int(first), int(last if dash else first) + 1))
     return cores
 
 
