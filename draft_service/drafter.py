@@ -33,6 +33,10 @@ class DraftSession(Protocol):
 
     def append(self, token_ids: Sequence[int]) -> None: ...
 
+    def fork(self) -> DraftSession:
+        """An independent copy of the session (a new lane starting where this one stands)."""
+        ...
+
     def propose(self, num_tokens: int) -> Proposal:
         """Drafts up to num_tokens tokens after the current sequence and appends them to it."""
         ...

@@ -1,8 +1,9 @@
 """A draft session's lanes: independent sequences of one request on the drafter, each with its own cache.
 
 A coordinator that pre-drafts the next block under several guessed verdicts of the current one keeps one lane
-per guess. Every lane starts from the prompt and is synced on its own through base_len, like a session with a
-single lane; they are opened, counted and closed together under the request's session id.
+per guess. Lane 0 is prefilled with the prompt and the others start as copies of it; each is then synced on its
+own through base_len, like a session with a single lane. They are opened, counted and closed together under the
+request's session id.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ class DraftLanes:
         if not 0 <= index < len(self._lanes):
             raise InvalidFieldError("lane", f"{index} is out of range: this session has {len(self._lanes)} lane(s)")
         return self._lanes[index]
+
+    def add_forks(self, count: int) -> None:
+        """Adds `count` lanes, each a copy of lane 0 as it stands (e.g. just prefilled)."""
+        self._lanes.extend(self._lanes[0].fork() for _ in range(count))
 
     @property
     def kv_cache_tokens(self) -> int:

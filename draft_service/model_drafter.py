@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 from draft_service.drafter import Proposal
@@ -25,6 +26,11 @@ class ModelDraftSession:
     @property
     def kv_cache_tokens(self) -> int:
         return self.session.cached_len
+
+    def fork(self) -> ModelDraftSession:
+        twin = copy.copy(self)
+        twin.session = self.session.fork()
+        return twin
 
     def truncate(self, length: int) -> None:
         self.session.truncate(length)

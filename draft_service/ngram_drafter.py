@@ -49,6 +49,9 @@ class NgramDraftSession:
         """Always 0: there is no model and hence no KV cache."""
         return 0
 
+    def fork(self) -> NgramDraftSession:
+        return NgramDraftSession(self._tokens, self._settings)
+
     @property
     def token_ids(self) -> list[int]:
         """A copy of the current sequence."""

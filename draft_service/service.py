@@ -73,10 +73,11 @@ class DraftService:
 
     def open_many(self, opens: Sequence[tuple[str, Sequence[int], SamplingParams, str | None, int]]
                   ) -> list[int | Exception]:
-        """Opens sessions, prefilling the model ones' lanes in one pass; per open the prefill time in ns, or its
-        error."""
+        """Opens sessions, prefilling the model ones in one pass, then copying lane 0 into the other lanes; per open
+        the prefill time in ns, or its error."""
         results: list[int | Exception | None] = [None] * len(opens)
         prefills = []
+        forks: list[tuple[DraftLanes, int]] = []  # lanes still to add by copying lane 0 once it is prefilled
         for index, (session_id, prompt_ids, params, method, num_lanes) in enumerate(opens):
             try:
                 method = method or self.settings.default_draft_method
@@ -85,16 +86,15 @@ class DraftService:
                 if not 1 <= num_lanes <= self.settings.max_lanes:
                     raise InvalidFieldError("num_lanes", f"{num_lanes} is out of range 1..{self.settings.max_lanes}")
                 self.sessions.reserve(session_id)
-                lanes: list[DraftSession] = []
-                for _ in range(num_lanes):
-                    if method == MODEL:
-                        lane = ModelDraftSession(self.model, prompt_ids, params)
-                        if (plan := lane.session.plan_prefill()) is not None:
-                            prefills.append(plan)
-                        lanes.append(lane)
-                    else:
-                        lanes.append(NgramDraftSession(prompt_ids, self.ngram_settings))
-                self.sessions.add(session_id, DraftLanes(lanes))
+                if method == MODEL:
+                    first: DraftSession = ModelDraftSession(self.model, prompt_ids, params)
+                    if (plan := first.session.plan_prefill()) is not None:
+                        prefills.append(plan)
+                else:
+                    first = NgramDraftSession(prompt_ids, self.ngram_settings)
+                lanes = DraftLanes([first])
+                self.sessions.add(session_id, lanes)
+                forks.append((lanes, num_lanes - 1))
                 results[index] = 0
             except Exception as error:  # noqa: BLE001 - that open fails alone
                 results[index] = error
@@ -106,6 +106,8 @@ class DraftService:
                 if not isinstance(result, Exception):
                     self.sessions.close(session_id)
             raise
+        for lanes, count in forks:
+            lanes.add_forks(count)
         prefill_ns = time.perf_counter_ns() - started
         return [result if isinstance(result, Exception) else prefill_ns for result in results]
 

@@ -10,12 +10,14 @@ the plans of many sessions on one model in a single packed pass (continuous batc
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from specdec.model_runtime import LoadedModel
+from specdec.packed_forward import SequenceKV
 
 
 class ContextOverflowError(ValueError):
@@ -90,6 +92,14 @@ class KVSession:
         plan = self.plan_prefill()
         if plan is not None:
             run_forwards([plan])
+
+    def fork(self) -> KVSession:
+        """An independent copy: the same tokens and a copy of the cache; later calls on either leave the other
+        alone (e.g. a draft lane started from a prefilled one instead of prefilling again)."""
+        twin = KVSession(self.model, ())
+        twin.tokens = list(self.tokens)
+        twin.cache = self.cache.copy() if isinstance(self.cache, SequenceKV) else copy.deepcopy(self.cache)
+        return twin
 
     def truncate(self, length: int) -> None:
         """Rolls back to the first `length` tokens (a no-op when already that short)."""

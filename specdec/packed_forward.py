@@ -46,6 +46,14 @@ class SequenceKV:
             raise ValueError(f"crop takes a negative count of positions to drop, got {tokens_to_remove}")
         self.length = max(0, self.length + tokens_to_remove)
 
+    def copy(self) -> SequenceKV:
+        """An independent copy of the positions held (buffers sized to them; they grow again on write)."""
+        twin = SequenceKV(len(self.keys))
+        twin.keys = [None if k is None else k[:, :self.length].clone() for k in self.keys]
+        twin.values = [None if v is None else v[:, :self.length].clone() for v in self.values]
+        twin.length = self.length
+        return twin
+
     def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Stores keys/values [H_kv, n, D] at positions start..start+n-1 of a layer; returns views of all
         positions up to the new end ([H_kv, start+n, D] each)."""

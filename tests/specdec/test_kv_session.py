@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -80,3 +81,24 @@ def test_mismatched_tokenizers_are_refused(tmp_path, tiny_pair):
     renamed = type(target.identity)(target.identity.model_id, target.vocab_size, "0" * 64)
     with pytest.raises(TokenizerMismatchError, match="token->id map differs"):
         check_same_vocabulary(target.identity, renamed)
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["sequence_kv", "dynamic_cache"])
+def test_a_fork_is_independent_of_its_original(tiny_pair, packed):
+    """A fork continues exactly like a fresh session on the same tokens, and neither side's later extends or
+    rollbacks reach the other."""
+    target, _ = tiny_pair
+    model = target
+    if not packed:  # the same weights through transformers' own DynamicCache path
+        model = copy.copy(target)
+        model.packed = False
+    session = KVSession(model, [3, 4, 5, 6])
+    session.extend([7, 8])
+    twin = session.fork()
+    assert twin.tokens == session.tokens and twin.cached_len == session.cached_len
+    twin_logits = twin.extend([20, 21])[-1]
+    session.truncate(5)
+    original_logits = session.extend([30])[-1]
+    torch.testing.assert_close(twin_logits, fresh_next_logits(model, [3, 4, 5, 6, 7, 8, 20, 21]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(original_logits, fresh_next_logits(model, [3, 4, 5, 6, 7, 30]), atol=1e-5, rtol=0)
+    assert twin.tokens == [3, 4, 5, 6, 7, 8, 20, 21]
