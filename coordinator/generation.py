@@ -105,6 +105,7 @@ class DraftBlock:
 
     @classmethod
     def from_reply(cls, reply: drafter_pb2.ProposeResponse, lane: int) -> DraftBlock:
+        """One lane's reply: alternative_token_ids [drafted, k] row-major become one list per position."""
         probs = reply.draft_probs if reply.HasField("draft_probs") and reply.draft_probs.rows else None
         tokens = list(reply.draft_token_ids)
         width = len(reply.alternative_token_ids) // len(tokens) if tokens else 0
