@@ -6,8 +6,8 @@ drafter already drafts block k+1 under several guessed verdicts of block k, one 
 requests "rejected at position i, replaced by the draft's runner-up token there" (`predraft_guesses` per
 position, as many as the measured pass costs say fit inside the verification). A verdict that matches a
 guess sends that lane's block straight to the verifier; otherwise the next block is drafted afresh. Each lane's
-next call rolls it back
-through base_len. Draws are keyed by (seed, position), so both modes commit the same tokens.
+next call rolls it back through base_len. Draws are keyed by (seed, position), so both modes commit the same
+tokens.
 
 Each loop iteration is one round: [propose block k,] verify block k (pre-drafting block k+1 meanwhile),
 commit. Stats, metrics and spans are fed from the same figures (coordinator/request_telemetry.py).
