@@ -132,16 +132,15 @@ def plot_timeline(timelines: dict[str, dict], path: pathlib.Path) -> None:
     print(f"wrote {path}", flush=True)
 
 
-def pinned_cores(threads: int) -> dict[str, list[str]]:
-    """--cpus flags giving the draft service and the verify service `threads` cores each, when there are enough.
+def pinned_cores(threads: int) -> dict[str, str]:
+    """--cpus values giving the draft service and the verify service `threads` cores each, when there are enough.
     The coordinators share the verify service's cores: their work on a verdict (commit, send the next block) falls
     between two verifications, when those cores are idle, while the drafter may still be busy pre-drafting."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2 * threads:
         return {}
     verify_cores = ",".join(map(str, cores[threads:2 * threads]))
-    return {"draft": ["--cpus", ",".join(map(str, cores[:threads]))], "verify": ["--cpus", verify_cores],
-            "coordinator": ["--cpus", verify_cores]}
+    return {"draft": ",".join(map(str, cores[:threads])), "verify": verify_cores, "coordinator": verify_cores}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -168,21 +167,24 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = prompt_texts(args.prompt_set, args.prompts)
     service_args = ["--threads", str(args.threads)]
     pins = pinned_cores(args.threads) if args.pin else {}
+    pin_flags = {name: ["--cpus", cores] for name, cores in pins.items()}
 
     fixed_gamma = ["--no-adaptive-gamma"]  # every mode drafts the same γ every round
-    mode_args = {"sequential": ["--no-overlap"], **{mode: ["--predraft-guesses", str(guesses)]
-                                                    for mode, guesses in POLICIES.items()}}
-    with LocalStack(args.target, args.draft, draft_args=[*service_args, *pins.get("draft", [])],
-                    verify_args=[*service_args, *pins.get("verify", [])], coordinator_args=fixed_gamma) as stack:
+    coordinator_args = {mode: [*extra, *fixed_gamma, *pin_flags.get("coordinator", [])] for mode, extra in
+                        {"sequential": ["--no-overlap"], **{mode: ["--predraft-guesses", str(guesses)]
+                                                            for mode, guesses in POLICIES.items()}}.items()}
+    with LocalStack(args.target, args.draft, draft_args=[*service_args, *pin_flags.get("draft", [])],
+                    verify_args=[*service_args, *pin_flags.get("verify", [])],
+                    coordinator_args=coordinator_args[DEFAULT_POLICY]) as stack:  # the stack's own serves the default
         coordinators = {mode: start_service(f"coordinator-{mode}", "coordinator", [
             "--tokenizer", args.target, "--draft-replicas", stack.services["draft"].address,
-            "--verify-replicas", stack.services["verify"].address, *extra, *fixed_gamma, *pins.get("coordinator", [])],
-            stack.log_dir)
-            for mode, extra in mode_args.items()}
+            "--verify-replicas", stack.services["verify"].address, *flags], stack.log_dir)
+            for mode, flags in coordinator_args.items() if mode != DEFAULT_POLICY}
+        addresses = {DEFAULT_POLICY: stack.address, **{mode: c.address for mode, c in coordinators.items()}}
         if pins:
-            pin_cpus(pins["coordinator"][1])  # the client and the timeline's in-process coordinator
+            pin_cpus(pins["coordinator"])  # the client and the timeline's in-process coordinator
         try:
-            clients = {mode: Client(coordinator.address) for mode, coordinator in coordinators.items()}
+            clients = {mode: Client(addresses[mode]) for mode in MODES}
             for client in clients.values():  # warm-up: first requests pay allocator and thread start-up
                 run_mode(client, prompts[:1], args.max_new_tokens, args.gamma)
             runs: list[dict[str, list[RequestRun]]] = []
@@ -233,7 +235,7 @@ def main(argv: list[str] | None = None) -> dict:
         "target": args.target, "draft": args.draft, "prompt_set": args.prompt_set, "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens, "gamma": args.gamma, "runs": args.runs,
         "service_threads": {"draft": args.threads, "verify": args.threads},
-        "service_cpus": {name: flags[1] for name, flags in pins.items()},
+        "service_cpus": pins,
         "default_policy": DEFAULT_POLICY,
         "tokens_per_s_ratio_median": policies[DEFAULT_POLICY]["tokens_per_s_ratio_median"],
         "predraft_hit_rate": policies[DEFAULT_POLICY]["predraft_hit_rate"],

@@ -7,9 +7,10 @@ With R sessions in the verifier's batch, each feeding γ+1 tokens, the verify pa
 the verifier's measured pass cost (specdec/step_cost.py); a draft pass over the drafter's R_d sessions costs
 D(R_d). In overlapped mode the rounds whose block was pre-drafted (the request's pre-draft hit rate h) skip the
 draft wait, so the draft part counts (1 - h) times. γ = 0 is plain decoding through the verifier: E = 1 at cost
-V(R) + W_v, with no drafter call. The policy picks, within [0, γ_max], the γ with the most tokens per unit time. On an idle verifier the fixed cost of a pass dominates and
-speculation pays; as the batch grows the per-token cost takes over, γ shrinks, and at some load plain
-decoding wins: speculation steps aside. Where that load lies follows from the measurements.
+V(R) + W_v, with no drafter call. The policy picks, within [0, γ_max], the γ with the most tokens per unit time.
+On an idle verifier the fixed cost of a pass dominates and speculation pays; as the batch grows the per-token
+cost takes over, γ shrinks, and at some load plain decoding wins: speculation steps aside. Where that load lies
+follows from the measurements.
 """
 
 from __future__ import annotations

@@ -128,10 +128,11 @@ class DraftService:
         started = time.perf_counter_ns()
         for index, (session_id, proposals) in enumerate(calls):
             try:
-                results[index] = self._sync_lanes(session_id, proposals, index, model_jobs, started)
+                results[index], jobs = self._sync_lanes(session_id, proposals, started)
             except Exception as error:  # noqa: BLE001
                 results[index] = error
-                model_jobs = [job for job in model_jobs if job[0] != index]
+                continue
+            model_jobs.extend((index, slot, lane, proposal) for slot, lane, proposal in jobs)
         drafted = draft_many([(lane.session, p.num_tokens, lane.params, p.num_alternatives)
                               for _, _, lane, p in model_jobs])
         draft_ns = time.perf_counter_ns() - started
@@ -145,15 +146,15 @@ class DraftService:
             results[index][slot] = ProposeResult(proposal, len(lane), draft_ns, len(model_jobs))
         return results
 
-    def _sync_lanes(self, session_id: str, proposals: Sequence[LaneProposal], call: int,
-                    model_jobs: list[tuple[int, int, ModelDraftSession, LaneProposal]],
-                    started: int) -> list[ProposeResult | None]:
-        """Syncs each named lane; model lanes with tokens to draft join model_jobs, the others are answered here
-        (their slot in the returned list; model lanes' slots stay None until drafted)."""
+    def _sync_lanes(self, session_id: str, proposals: Sequence[LaneProposal], started: int
+                    ) -> tuple[list[ProposeResult | None], list[tuple[int, ModelDraftSession, LaneProposal]]]:
+        """Syncs each named lane. Returns the answers of the lanes answered here (None in the slots of model lanes
+        with tokens to draft) and those model lanes as (slot, lane, proposal), to draft in the batch."""
         lanes = self.sessions.get(session_id)
         if len({p.lane for p in proposals}) < len(proposals):
             raise InvalidFieldError("lanes", "names a lane more than once")
         answered: list[ProposeResult | None] = []
+        jobs: list[tuple[int, ModelDraftSession, LaneProposal]] = []
         for slot, proposal in enumerate(proposals):
             if proposal.num_tokens > self.settings.max_speculative_tokens:
                 raise InvalidFieldError("num_speculative_tokens", f"{proposal.num_tokens} exceeds this drafter's "
@@ -167,12 +168,12 @@ class DraftService:
             lane.truncate(proposal.base_len)
             lane.append(proposal.appended_ids)
             if isinstance(lane, ModelDraftSession) and proposal.num_tokens:
-                model_jobs.append((call, slot, lane, proposal))
+                jobs.append((slot, lane, proposal))
                 answered.append(None)
                 continue
             drafted = lane.propose(proposal.num_tokens) if proposal.num_tokens else Proposal([], None)
             answered.append(ProposeResult(drafted, len(lane), time.perf_counter_ns() - started))
-        return answered
+        return answered, jobs
 
     def close(self, session_id: str) -> bool:
         return self.sessions.close(session_id)
