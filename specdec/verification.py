@@ -1,7 +1,8 @@
 """Verification rounds on target sessions: sync to base_len, score the draft, judge, commit.
 
-`verify_rounds` runs the rounds of many sessions with a single scoring pass (continuous batching); a
-round that fails (stale base_len, context overflow, non-finite logits) fails alone.
+`verify_rounds` runs the rounds of many sessions with a single scoring pass (continuous batching), into which
+other sessions' prefills can be packed too; a round that fails (stale base_len, context overflow, non-finite
+logits) fails alone.
 """
 
 from __future__ import annotations
@@ -40,9 +41,11 @@ class VerifyJob:
     params: SamplingParams
 
 
-def verify_rounds(jobs: Sequence[VerifyJob]) -> list[tuple[Verdict, VerifyTiming] | Exception]:
+def verify_rounds(jobs: Sequence[VerifyJob], prefills: Sequence[PlannedForward] = ()
+                  ) -> list[tuple[Verdict, VerifyTiming] | Exception]:
     """Truncates each session to its base_len, scores every x_1..x_γ in one pass, judges and commits.
 
+    `prefills` (other sessions' planned prompt prefills, which need no logits) are fed in the same pass.
     After a round its session holds exactly the committed sequence: base_len tokens + the accepted tokens +
     the recovered or bonus token. Returns per job its verdict and timing, or the error that failed it alone.
     """
@@ -56,12 +59,12 @@ def verify_rounds(jobs: Sequence[VerifyJob]) -> list[tuple[Verdict, VerifyTiming
             planned.append((index, job.session.plan_extend(job.draft_tokens)))
         except Exception as error:  # noqa: BLE001 - reported to that round's caller only
             results[index] = error
-    if not planned:
+    if not planned and not prefills:
         return results
     started = time.perf_counter_ns()
-    all_logits = run_forwards([plan for _, plan in planned])  # per round [γ+1, V]
+    all_logits = run_forwards([*(plan for _, plan in planned), *prefills])[:len(planned)]  # per round [γ+1, V]
     forward_ns = time.perf_counter_ns() - started
-    batch_tokens = sum(len(plan.token_ids) for _, plan in planned)
+    batch_tokens = sum(len(plan.token_ids) for plan in [*(plan for _, plan in planned), *prefills])
     for (index, _), logits in zip(planned, all_logits):
         job = jobs[index]
         sampling_started = time.perf_counter_ns()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.errors import InvalidFieldError
-from specdec.kv_session import KVSession, run_forwards
+from specdec.kv_session import KVSession
 from specdec.model_runtime import LoadedModel
 from specdec.sampling import SamplingParams, Verdict
 from specdec.session_store import SessionStore
@@ -19,6 +19,7 @@ from specdec.verification import VerifyJob, VerifyTiming, verify_rounds
 from verify_service.settings import VerifySettings
 from verify_service.tensor_parallel import TensorParallelLeader
 
+OPEN, VERIFY = "open", "verify"  # the calls a model step takes (step_many)
 CALIBRATION_SESSION = "calibration"  # opened on the ranks and closed again before serving starts
 
 
@@ -58,27 +59,7 @@ class VerifyService:
 
     def open_many(self, opens: Sequence[tuple[str, Sequence[int], SamplingParams]]) -> list[int | Exception]:
         """Opens sessions and prefills them in one pass; per open the prefill time in ns, or its error."""
-        results: list[int | Exception | None] = [None] * len(opens)
-        opened: list[tuple[int, KVSession]] = []
-        for index, (session_id, prompt_ids, params) in enumerate(opens):
-            try:
-                self.sessions.reserve(session_id)
-                kv = KVSession(self._session_model(session_id), prompt_ids)
-                self.sessions.add(session_id, TargetSession(kv, params))
-                opened.append((index, kv))
-            except Exception as error:  # noqa: BLE001 - that open fails alone
-                results[index] = error
-        started = time.perf_counter_ns()
-        try:
-            run_forwards([plan for _, kv in opened if (plan := kv.plan_prefill()) is not None])
-        except Exception:
-            for index, _ in opened:
-                self.close(opens[index][0])
-            raise
-        prefill_ns = time.perf_counter_ns() - started
-        for index, _ in opened:
-            results[index] = prefill_ns
-        return results
+        return self._step(opens, [])[0]
 
     def verify(self, session_id: str, base_len: int, draft_tokens: Sequence[int],
                draft_probs: torch.Tensor | None) -> tuple[Verdict, VerifyTiming, int]:
@@ -89,7 +70,36 @@ class VerifyService:
                     ) -> list[tuple[Verdict, VerifyTiming, int] | Exception]:
         """Runs the rounds of several sessions (one round per session) with one scoring pass; per round
         (verdict, timing, new length) or the error that failed it alone."""
-        results: list[tuple[Verdict, VerifyTiming, int] | Exception | None] = [None] * len(rounds)
+        return self._step([], rounds)[1]
+
+    def step_many(self, calls: Sequence[tuple]) -> list:
+        """One model step for the queued calls of distinct sessions, each (session_id, OPEN, prompt_ids, params)
+        or (session_id, VERIFY, base_len, draft_tokens, draft_probs): new sessions' prefills are packed into the
+        rounds' scoring pass, so an arriving request adds its prompt's tokens to a pass instead of a pass of its
+        own that every running session would wait for. Per call what open_many / verify_many return for it."""
+        kinds = [kind for _, kind, *_ in calls]
+        opens = [(session_id, *rest) for session_id, kind, *rest in calls if kind == OPEN]
+        rounds = [(session_id, *rest) for session_id, kind, *rest in calls if kind == VERIFY]
+        if len(opens) + len(rounds) != len(calls):
+            raise ValueError(f"step calls must be {OPEN!r} or {VERIFY!r}, got {sorted(set(kinds))}")
+        open_results, round_results = (iter(results) for results in self._step(opens, rounds))
+        return [next(open_results) if kind == OPEN else next(round_results) for kind in kinds]
+
+    def _step(self, opens: Sequence[tuple[str, Sequence[int], SamplingParams]],
+              rounds: Sequence[tuple[str, int, Sequence[int], torch.Tensor | None]]) -> tuple[list, list]:
+        """Opens `opens` and runs `rounds` in one packed pass: (per open the step's time in ns or its error,
+        per round (verdict, timing, new length) or its error)."""
+        open_results: list[int | Exception | None] = [None] * len(opens)
+        opened: list[tuple[int, KVSession]] = []
+        for index, (session_id, prompt_ids, params) in enumerate(opens):
+            try:
+                self.sessions.reserve(session_id)
+                kv = KVSession(self._session_model(session_id), prompt_ids)
+                self.sessions.add(session_id, TargetSession(kv, params))
+                opened.append((index, kv))
+            except Exception as error:  # noqa: BLE001 - that open fails alone
+                open_results[index] = error
+        round_results: list[tuple[Verdict, VerifyTiming, int] | Exception | None] = [None] * len(rounds)
         jobs: list[tuple[int, VerifyJob]] = []
         for index, (session_id, base_len, draft_tokens, draft_probs) in enumerate(rounds):
             try:
@@ -100,10 +110,21 @@ class VerifyService:
                 jobs.append((index, VerifyJob(session.kv, session_id, base_len, draft_tokens, draft_probs,
                                               session.params)))
             except Exception as error:  # noqa: BLE001
-                results[index] = error
-        for (index, job), outcome in zip(jobs, verify_rounds([job for _, job in jobs])):
-            results[index] = outcome if isinstance(outcome, Exception) else (*outcome, len(job.session))
-        return results
+                round_results[index] = error
+        started = time.perf_counter_ns()
+        try:
+            outcomes = verify_rounds([job for _, job in jobs],
+                                     [plan for _, kv in opened if (plan := kv.plan_prefill()) is not None])
+        except Exception:
+            for index, _ in opened:
+                self.close(opens[index][0])
+            raise
+        step_ns = time.perf_counter_ns() - started
+        for index, _ in opened:
+            open_results[index] = step_ns
+        for (index, job), outcome in zip(jobs, outcomes):
+            round_results[index] = outcome if isinstance(outcome, Exception) else (*outcome, len(job.session))
+        return open_results, round_results
 
     def close(self, session_id: str) -> bool:
         closed = self.sessions.close(session_id)

@@ -1,6 +1,7 @@
 """The Verifier gRPC servicer: decodes requests, queues them for VerifyService's model thread, encodes replies.
 
-Opens and Verify calls that arrive while a step runs are batched into the next step (specdec/step_batcher.py).
+Opens and Verify calls that arrive while a step runs are batched into the next step (specdec/step_batcher.py),
+opens and rounds together: new sessions' prefills share the rounds' pass.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from specdec.errors import DownstreamUnavailableError
 from specdec.step_batcher import StepBatcher
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from specdec.wire import check_token_ids, probs_from_proto, sampling_from_proto
-from verify_service.service import VerifyService
+from verify_service.service import OPEN, VERIFY, VerifyService
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
@@ -26,7 +27,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                  on_step: Callable[[str, int], None] | None = None):
         self.service = service
         self.tensor_parallel_size = tensor_parallel_size
-        self._batcher = StepBatcher({"open": service.open_many, "verify": service.verify_many},
+        self._batcher = StepBatcher({"step": service.step_many},
                                     service.settings.max_batch_size, "verify-model", on_step,
                                     service.settings.max_batch_wait_ms / 1000)
         self._ranks_failed = asyncio.Event()
@@ -36,7 +37,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self._ranks_failed.set()
 
     async def _run(self, kind_or_fn: str | Callable, *args):
-        """Runs a batchable kind ("open", "verify") or a one-off function on the model thread."""
+        """Runs a batchable kind ("step") or a one-off function on the model thread."""
         ranks = self.service.ranks
         if ranks is not None:
             ranks.raise_if_failed()
@@ -65,15 +66,15 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     async def OpenSession(self, request: verifier_pb2.OpenVerifySessionRequest, context) -> verifier_pb2.OpenVerifySessionResponse:
         prompt = check_token_ids(request.prompt_token_ids, self.service.model.vocab_size, "prompt_token_ids")
         params = sampling_from_proto(request.sampling)
-        prefill_ns = await self._run("open", request.session_id, prompt, params)
+        prefill_ns = await self._run("step", request.session_id, OPEN, prompt, params)
         return verifier_pb2.OpenVerifySessionResponse(session_len=len(prompt), prefill_ns=prefill_ns)
 
     async def Verify(self, request: verifier_pb2.VerifyRequest, context) -> verifier_pb2.VerifyResponse:
         vocab_size = self.service.model.vocab_size
         drafts = check_token_ids(request.draft_token_ids, vocab_size, "draft_token_ids", allow_empty=True)
         probs = probs_from_proto(request.draft_probs, len(drafts), vocab_size)
-        verdict, timing, session_len = await self._run("verify", request.session_id, request.base_len, drafts,
-                                                       probs)
+        verdict, timing, session_len = await self._run("step", request.session_id, VERIFY,
+                                                       request.base_len, drafts, probs)
         return verifier_pb2.VerifyResponse(accepted_token_ids=verdict.accepted_tokens, next_token_id=verdict.next_token,
                                            is_bonus=verdict.is_bonus, session_len=session_len,
                                            forward_ns=timing.forward_ns, sampling_ns=timing.sampling_ns,
