@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -10,7 +11,6 @@ import torch
 from specdec.kv_session import KVSession, PlannedForward, run_forwards
 from specdec.sampling import SamplingParams, Stream, logits_to_probs, sample_token
 from specdec.step_batcher import only_result
-
 
 
 @dataclass(frozen=True)
@@ -38,16 +38,53 @@ class DraftJob:
         """Draws the next token from the draft's logits [V] at this position; returns it."""
         probs = logits_to_probs(logits, self.params)  # [V]
         token = sample_token(probs, self.params, position=len(self.session), stream=Stream.DRAFT)
-        self.tokens.append(token)
-        self.rows.append(probs)
-        if self.num_alternatives:
-            ranked = logits.topk(min(self.num_alternatives + 1, logits.shape[-1])).indices.tolist()
-            self.alternatives.append([t for t in ranked if t != token][:self.num_alternatives])
+        if not self.params.greedy:
+            self.rows.append(probs)
+        ranked = logits.topk(min(self.num_alternatives + 1, logits.shape[-1])).indices.tolist() \
+            if self.num_alternatives else []
+        self.take(token, ranked)
         return token
+
+    def take(self, token: int, ranked: Sequence[int]) -> None:
+        """Records a token chosen at this position; `ranked` lists the draft's most likely tokens there
+        (at least num_alternatives + 1 of them, most likely first) to take the alternatives from."""
+        self.tokens.append(token)
+        if self.num_alternatives:
+            self.alternatives.append([t for t in ranked if t != token][:self.num_alternatives])
 
     def result(self) -> Drafted:
         probs = None if self.params.greedy or not self.rows else torch.stack(self.rows)  # [γ, V]
         return Drafted(self.tokens, probs, self.alternatives)
+
+
+def next_tokens(jobs: Sequence[DraftJob], logits: Sequence[torch.Tensor]) -> list[int | Exception]:
+    """Adds every job's next token, drawn from its logits row [V]; returns the tokens or the error of a job.
+
+    Greedy jobs are served together, one argmax and one top-k over their stacked rows, as logits_to_probs and
+    sample_token would pick one by one (the argmax, first index on ties); in a large batch of short steps the
+    per-row work would otherwise outweigh the model pass. A row with NaN or +inf, or no allowed token, goes
+    the one-by-one way, which reports it. Sampled jobs draw one by one from their own random streams.
+    """
+    tokens: list[int | Exception | None] = [None] * len(jobs)
+    greedy = [index for index, job in enumerate(jobs) if job.params.greedy]
+    if greedy:
+        stacked = torch.stack([logits[index] for index in greedy]).float()  # [G, V]
+        usable = (~(stacked.isnan() | stacked.isposinf()).any(dim=-1)
+                  & (stacked > -math.inf).any(dim=-1)).tolist()  # [G]
+        picked = stacked.argmax(dim=-1).tolist()  # [G]
+        width = min(max(jobs[index].num_alternatives for index in greedy) + 1, stacked.shape[-1])
+        ranked = stacked.topk(width, dim=-1).indices.tolist() if width > 1 else [[] for _ in greedy]  # [G, width]
+        for row, index in enumerate(greedy):
+            if usable[row]:
+                jobs[index].take(picked[row], ranked[row])
+                tokens[index] = picked[row]
+    for index, job in enumerate(jobs):
+        if tokens[index] is None:
+            try:
+                tokens[index] = job.add(logits[index])
+            except Exception as error:  # noqa: BLE001 - that job fails alone
+                tokens[index] = error
+    return tokens
 
 
 DraftRequest = tuple[KVSession, int, SamplingParams, int]  # session, tokens to draft, sampling, alternatives
@@ -76,9 +113,12 @@ def draft_many(requests: Sequence[DraftRequest]) -> list[Drafted | Exception]:
             results[index] = error
     while live:
         still_live = []
-        for (index, job, _), logits in zip(live, run_forwards([plan for _, _, plan in live])):
+        step_logits = [logits[-1] for logits in run_forwards([plan for _, _, plan in live])]  # per job [V]
+        for (index, job, _), token in zip(live, next_tokens([job for _, job, _ in live], step_logits)):
+            if isinstance(token, Exception):
+                results[index] = token
+                continue
             try:
-                token = job.add(logits[-1])
                 if len(job.tokens) < job.num_tokens:
                     still_live.append((index, job, job.session.plan_extend([token], score_previous=False)))
                     continue

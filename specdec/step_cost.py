@@ -24,27 +24,41 @@ CALIBRATION_TOKENS = (1, 4, 16, 64)  # tokens per calibration pass (one row each
 
 
 class StepCost:
-    """A linear fit of pass time (ns) against tokens fed, over the calibration points and recent passes."""
+    """A least-squares line of pass time (ns) against tokens fed, over the calibration points and recent passes.
+
+    The fit is kept as running sums (count, Σx, Σy, Σx², Σxy) that each pass adds to and the pass leaving the
+    window subtracts from, so a coordinator refits on every reply at no cost that grows with the window.
+    """
 
     def __init__(self, fixed_ns: float, per_token_ns: float, window: int = 256):
         # The calibration line, as two anchor points that stay in every fit (they keep the slope defined when
         # live passes all have the same size); live observations come and go with the window.
-        self._anchors = [(1.0, fixed_ns + per_token_ns), (64.0, fixed_ns + 64 * per_token_ns)]
         self._live: collections.deque[tuple[float, float]] = collections.deque(maxlen=window)
+        self._sums = [0.0] * 5  # count, Σx, Σy, Σx², Σxy over the anchors and the live passes
+        for tokens in (1.0, 64.0):
+            self._add(tokens, fixed_ns + tokens * per_token_ns, 1.0)
         self.fixed_ns = float(fixed_ns)
         self.per_token_ns = float(per_token_ns)
+
+    def _add(self, tokens: float, ns: float, sign: float) -> None:
+        for index, term in enumerate((1.0, tokens, ns, tokens * tokens, tokens * ns)):
+            self._sums[index] += sign * term
 
     def observe(self, tokens: int, ns: float) -> None:
         """Adds one measured pass and refits."""
         if tokens <= 0 or ns <= 0:
             return
+        if len(self._live) == self._live.maxlen:
+            self._add(*self._live[0], -1.0)
         self._live.append((float(tokens), float(ns)))
-        points = np.array([*self._anchors, *self._live])  # [n, 2]
-        if np.ptp(points[:, 0]) == 0:
+        self._add(float(tokens), float(ns), 1.0)
+        count, sum_x, sum_y, sum_xx, sum_xy = self._sums
+        spread = count * sum_xx - sum_x * sum_x
+        if spread <= 0:
             return
-        per_token, fixed = np.polyfit(points[:, 0], points[:, 1], 1)
-        self.per_token_ns = max(float(per_token), 0.0)
-        self.fixed_ns = max(float(fixed), 0.0)
+        per_token = (count * sum_xy - sum_x * sum_y) / spread
+        self.per_token_ns = max(per_token, 0.0)
+        self.fixed_ns = max((sum_y - per_token * sum_x) / count, 0.0)
 
     def predict_ns(self, tokens: float) -> float:
         """Expected time of a pass feeding `tokens` tokens."""

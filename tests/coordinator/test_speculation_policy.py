@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from coordinator.speculation_policy import AcceptanceRate, PassLoad, choose_gamma, expected_tokens
@@ -73,3 +74,17 @@ def test_draft_time_hidden_by_predrafts_allows_deeper_blocks():
     overlapped = choose_gamma(0.6, 8, verify, draft, predraft_hit_rate=0.8)
     assert overlapped > sequential
     assert choose_gamma(0.6, 8, verify, draft, predraft_hit_rate=0.0) == sequential
+
+
+def test_the_running_fit_equals_a_least_squares_fit_of_the_window():
+    cost = StepCost(30 * MS, 1 * MS, window=8)
+    generator = np.random.default_rng(0)
+    passes = [(int(tokens), 20 * MS + 2 * MS * tokens + generator.normal(0, MS)) for tokens in
+              generator.integers(1, 50, size=40)]
+    for tokens, ns in passes:
+        cost.observe(tokens, ns)
+    points = [(1, 31 * MS), (64, 94 * MS), *passes[-8:]]  # the calibration anchors stay, the window slides
+    per_token, fixed = np.polyfit([x for x, _ in points], [y for _, y in points], 1)
+    assert cost.per_token_ns == pytest.approx(per_token, rel=1e-6)
+    assert cost.fixed_ns == pytest.approx(fixed, rel=1e-6)
+

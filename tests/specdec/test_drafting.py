@@ -1,0 +1,46 @@
+"""Choosing drafted tokens for a batch of sessions: greedy rows together, as one by one would."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from specdec.drafting import DraftJob, next_tokens
+from specdec.kv_session import KVSession
+from specdec.sampling import NonFiniteLogitsError, SamplingParams
+
+GREEDY = SamplingParams()
+SAMPLED = SamplingParams(temperature=1.0, seed=11)
+INF = math.inf
+LOGITS = [  # [V = 6] rows, hand-made
+    torch.tensor([0.1, 2.0, 2.0, -1.0, 0.5, 1.9]),  # a tie at the top: the first index wins
+    torch.tensor([3.0, -INF, 0.0, 1.0, 2.0, -2.0]),
+    torch.tensor([0.0, float("nan"), 1.0, 0.0, 0.0, 0.0]),  # fails alone
+    torch.tensor([-INF] * 6),  # no token allowed: fails alone
+    torch.tensor([0.3, 0.1, 0.2, 0.0, 0.4, 0.5]),  # sampled
+    torch.tensor([5.0, 4.0, 3.0, 2.0, 1.0, 0.0]),  # greedy, no alternatives asked
+]
+PARAMS = [GREEDY, GREEDY, GREEDY, GREEDY, SAMPLED, GREEDY]
+ALTERNATIVES = [3, 2, 2, 1, 2, 0]
+
+
+def jobs(tiny_pair) -> list[DraftJob]:
+    _, draft = tiny_pair
+    return [DraftJob(KVSession(draft, [1, 2, 3]), 4, params, alternatives)
+            for params, alternatives in zip(PARAMS, ALTERNATIVES)]
+
+
+def test_greedy_rows_together_pick_what_one_by_one_picks(tiny_pair):
+    batched, alone = jobs(tiny_pair), jobs(tiny_pair)
+    tokens = next_tokens(batched, LOGITS)
+    for index, (job, logits) in enumerate(zip(alone, LOGITS)):
+        if index in (2, 3):
+            assert isinstance(tokens[index], NonFiniteLogitsError)
+            continue
+        assert tokens[index] == job.add(logits)
+        assert (batched[index].tokens, batched[index].alternatives) == (job.tokens, job.alternatives)
+    assert tokens[0] == 1 and batched[0].alternatives == [[2, 5, 4]]
+    assert batched[1].alternatives == [[4, 3]] and batched[5].alternatives == []
+    assert batched[0].result().probs is None  # greedy: q is one-hot, not sent
+    assert batched[4].result().probs.shape == (1, 6)  # sampled: the q row it was drawn from
