@@ -34,7 +34,7 @@ from opentelemetry.context import Context
 from coordinator.predraft import DraftLane, Guess, guesses
 from coordinator.replicas import Replica
 from coordinator.request_telemetry import RemoteCall, RequestTelemetry
-from coordinator.speculation_policy import AcceptanceRate, affordable_guesses, choose_gamma
+from coordinator.speculation_policy import AcceptanceRate, RoundTimes, affordable_guesses, choose_gamma, round_ns
 from coordinator.text_stream import Chunk, TextStream
 from specdec.errors import DownstreamUnavailableError
 from specdec.sampling import SamplingParams
@@ -136,9 +136,10 @@ class Generation:
     def __init__(self, plan: GenerationPlan, draft: Replica | None, verify: Replica, text: TextStream,
                  call_timeout_s: float, telemetry: RequestTelemetry | None = None,
                  on_draft_unavailable: Callable[[Replica], None] | None = None,
-                 acceptance: AcceptanceRate | None = None):
+                 acceptance: AcceptanceRate | None = None, round_times: RoundTimes | None = None):
         self.plan = plan
         self.acceptance = acceptance  # the coordinator-wide α; None: every block drafts plan.gamma tokens
+        self.round_times = round_times  # with acceptance: coordinator-wide realized vs predicted round times
         self.on_draft_unavailable = on_draft_unavailable  # e.g. take the replica out of placement
         self.draft = draft if plan.gamma > 0 else None
         self._draft_holding_session = self.draft  # still closed at the end if the drafter fails mid-request
@@ -256,14 +257,34 @@ class Generation:
         self.stats.round_timeline.append((label, call.started_ns - self._started_ns, call.ended_ns - self._started_ns))
         self.metrics.stage_ns(wire=call.wire_ns, **stage_ns)
 
+    def _adaptive(self) -> bool:
+        """Whether blocks are sized by the policy: adaptive γ, a drafter, and both replicas' costs known."""
+        return (self.acceptance is not None and self.draft is not None and self.draft.load is not None
+                and self.verify.load is not None)
+
+    def _hit_rate(self) -> float:
+        """The request's pre-draft hit rate, shrunk toward 1/2 while it has few pre-drafts (0 if not overlapped)."""
+        if not self.plan.overlap:
+            return 0.0
+        return (self.stats.predraft_hits + PRIOR_PREDRAFTS / 2) / (self.stats.predraft_attempts + PRIOR_PREDRAFTS)
+
     def _gamma(self) -> int:
         """The next block's γ: plan.gamma, or with adaptive γ the policy's choice within [0, plan.gamma]."""
-        if self.acceptance is None or self.draft is None or self.draft.load is None or self.verify.load is None:
+        if not self._adaptive():
             return self.plan.gamma
         alpha = self.acceptance.for_request(self._judged, self.stats.accepted)
-        hit_rate = ((self.stats.predraft_hits + PRIOR_PREDRAFTS / 2) / (self.stats.predraft_attempts + PRIOR_PREDRAFTS)
-                    if self.plan.overlap else 0.0)  # shrunk toward 1/2 while the request has few pre-drafts
-        return choose_gamma(alpha, self.plan.gamma, self.verify.load, self.draft.load, hit_rate)
+        return choose_gamma(alpha, self.plan.gamma, self.verify.load, self.draft.load, self._hit_rate(),
+                            self.round_times)
+
+    def _time_round(self, drafted: int, started_ns: int) -> None:
+        """Compares the round that just got its verdict (from when its block was awaited) with the model's
+        prediction for a block of that size, for the policy's measured slowdowns."""
+        if self.round_times is not None and self._adaptive():
+            predicted = round_ns(drafted, self.verify.load, self.draft.load, self._hit_rate())
+            rows, speculative = self.verify.load.rows, drafted > 0
+            self.round_times.observe(speculative, rows, time.perf_counter_ns() - started_ns, predicted)
+            kind, load = "speculative" if speculative else "plain", str(self.round_times.load_level(rows))
+            self.metrics.round_slowdown.labels(kind, load).set(self.round_times.slowdown(speculative, rows))
 
     def _block_size(self, tokens_before: int, gamma: int) -> int:
         """The size of a γ block that starts after tokens_before more commits: never draft past the budget."""
@@ -390,6 +411,7 @@ class Generation:
 
     async def _rounds(self) -> AsyncIterator[Chunk]:
         block: DraftBlock | None = None
+        waiting_since = time.perf_counter_ns()  # a round's time runs from the previous verdict to its own
         while True:
             with self.telemetry.round() as round_span:
                 if block is None:
@@ -401,6 +423,7 @@ class Generation:
                     if predraft is not None:
                         predraft.cancel()
                     raise
+                self._time_round(len(block.token_ids), waiting_since)
                 chunk = self._commit(block, verdict, round_span)
                 finished = bool(chunk.finish_reason) or self.remaining <= 0
                 if finished and predraft is not None:
@@ -410,4 +433,5 @@ class Generation:
                 yield chunk
                 if finished:
                     return
+                waiting_since = time.perf_counter_ns()
                 block = await self._take_predraft(predraft, verdict)

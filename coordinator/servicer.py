@@ -12,7 +12,7 @@ from coordinator.replicas import ReplicaPool
 from coordinator.request_guard import GuardedRequest, RequestGuard
 from coordinator.request_telemetry import RequestTelemetry
 from coordinator.settings import CoordinatorSettings
-from coordinator.speculation_policy import AcceptanceRate
+from coordinator.speculation_policy import AcceptanceRate, RoundTimes
 from coordinator.validation import plan_request
 from specdec.v1 import coordinator_pb2, coordinator_pb2_grpc
 
@@ -47,6 +47,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self.verify_pool = verify_pool
         self.guard = guard or RequestGuard(settings)  # limits; with Redis also rate limits, journal, leases
         self.acceptance = AcceptanceRate() if settings.adaptive_gamma else None  # None: every round uses plan.gamma
+        self.round_times = RoundTimes() if settings.adaptive_gamma else None
 
     async def _run(self, request: coordinator_pb2.GenerateRequest) -> AsyncIterator[coordinator_pb2.GenerateStreamResponse]:
         telemetry = RequestTelemetry()  # TTFT counts from here
@@ -62,7 +63,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         verify = self.verify_pool.acquire()
         draft = self.draft_pool.acquire(required=False) if plan.gamma > 0 else None  # none healthy: plain decoding
         generation = Generation(plan, draft, verify, text, self.settings.call_timeout_s, telemetry,
-                                on_draft_unavailable=self.draft_pool.mark_unhealthy, acceptance=self.acceptance)
+                                on_draft_unavailable=self.draft_pool.mark_unhealthy, acceptance=self.acceptance,
+                                round_times=self.round_times)
         try:
             async for chunk in generation.chunks():
                 reply = coordinator_pb2.GenerateStreamResponse(

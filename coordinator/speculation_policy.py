@@ -11,14 +11,22 @@ V(R) + W_v, with no drafter call. The policy picks, within [0, γ_max], the γ w
 On an idle verifier the fixed cost of a pass dominates and speculation pays; as the batch grows the per-token
 cost takes over, γ shrinks, and at some load plain decoding wins: speculation steps aside. Where that load lies
 follows from the measurements.
+
+What the pass costs do not show is measured too: each round's realized duration is compared with what the
+model predicted for it (RoundTimes), separately for speculative and plain rounds, and each kind's ratio scales
+its predictions. Under load a request that waits for a fresh draft misses the verifier's next batched pass and
+waits for the one after; on shared hardware the drafter takes cores from the verifier. Those costs then count.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from specdec.step_cost import StepCost
 
+MIN_TIMED_ROUNDS = 16  # rounds of a kind before its realized/predicted ratio is used
+ROUND_TIME_SMOOTHING = 0.05  # weight of the newest round in the realized and predicted averages
 PRIOR_JUDGED = 8  # a request's own counts outweigh the coordinator-wide α after this many judged draft tokens
 INITIAL_ALPHA = 0.5  # before any round anywhere has been judged
 ROWS_SMOOTHING = 0.2  # weight of the newest pass in the running batch-size average
@@ -70,23 +78,65 @@ class AcceptanceRate:
         return (accepted + PRIOR_JUDGED * self.value) / (judged + PRIOR_JUDGED)
 
 
-def choose_gamma(alpha: float, max_gamma: int, verify: PassLoad, draft: PassLoad | None,
-                 predraft_hit_rate: float = 0.0) -> int:
-    """The γ in [0, max_gamma] with the most expected committed tokens per unit time (0 = plain decoding).
+class RoundTimes:
+    """Coordinator-wide running averages of realized and predicted round durations, per kind of round
+    (speculative: a block of γ ≥ 1 drafted tokens; plain: γ = 0) and per load (the verifier's sessions per
+    pass, on a log2 scale), and their ratio: what the pass costs miss grows with the load."""
+
+    def __init__(self, smoothing: float = ROUND_TIME_SMOOTHING):
+        self._smoothing = smoothing
+        self._averages: dict[tuple[int, bool], list[float]] = {}  # (load, speculative) -> [realized, predicted, rounds]
+
+    @staticmethod
+    def load_level(rows: float) -> int:
+        """Sessions per verify pass, rounded on a log2 scale (1 -> 0, 2 -> 1, 16 -> 4)."""
+        return max(0, round(math.log2(max(rows, 1.0))))
+
+    def observe(self, speculative: bool, rows: float, realized_ns: float, predicted_ns: float) -> None:
+        """A round of that kind, with `rows` sessions per verify pass, took realized_ns where predicted_ns
+        was predicted."""
+        averages = self._averages.setdefault((self.load_level(rows), speculative), [0.0, 0.0, 0])
+        averages[2] += 1
+        weight = max(self._smoothing, 1.0 / averages[2])  # a plain mean while few
+        averages[0] += weight * (realized_ns - averages[0])
+        averages[1] += weight * (predicted_ns - averages[1])
+
+    def slowdown(self, speculative: bool, rows: float) -> float:
+        """How much longer that kind's rounds take than predicted at that load (1 until enough were timed)."""
+        realized, predicted, rounds = self._averages.get((self.load_level(rows), speculative), (0.0, 0.0, 0))
+        if rounds < MIN_TIMED_ROUNDS or predicted <= 0:
+            return 1.0
+        return realized / predicted
+
+
+def round_ns(gamma: int, verify: PassLoad, draft: PassLoad | None, predraft_hit_rate: float = 0.0) -> float:
+    """A round's predicted duration: a block of γ drafted tokens (0: a plain step) at the measured costs.
 
     In overlapped mode a round whose block was pre-drafted during the previous verification (a share
     predraft_hit_rate of rounds) does not wait for the drafter, so only the other rounds pay the draft time.
     """
     rows = max(verify.rows, 1.0)
-    best_gamma, best_rate = 0, 1.0 / max(verify.cost.predict_ns(rows) + verify.call_overhead_ns, 1.0)
+    verify_ns = verify.cost.predict_ns(rows * (gamma + 1)) + verify.call_overhead_ns
+    if gamma == 0 or draft is None:
+        return verify_ns
+    draft_pass_ns = draft.cost.predict_ns(max(draft.rows, 1.0))
+    return (1.0 - predraft_hit_rate) * (gamma * draft_pass_ns + draft.call_overhead_ns) + verify_ns
+
+
+def choose_gamma(alpha: float, max_gamma: int, verify: PassLoad, draft: PassLoad | None,
+                 predraft_hit_rate: float = 0.0, round_times: RoundTimes | None = None) -> int:
+    """The γ in [0, max_gamma] with the most expected committed tokens per unit time (0 = plain decoding),
+    each kind's predicted round time scaled by its measured slowdown (round_times)."""
     if draft is None:
         return 0
-    draft_pass_ns = draft.cost.predict_ns(max(draft.rows, 1.0))
-    waited_share = 1.0 - predraft_hit_rate
+
+    def slowdown(speculative: bool) -> float:
+        return round_times.slowdown(speculative, verify.rows) if round_times is not None else 1.0
+
+    best_gamma, best_rate = 0, 1.0 / max(round_ns(0, verify, draft) * slowdown(False), 1.0)
     for gamma in range(1, max_gamma + 1):
-        round_ns = (waited_share * (gamma * draft_pass_ns + draft.call_overhead_ns)
-                    + verify.cost.predict_ns(rows * (gamma + 1)) + verify.call_overhead_ns)
-        rate = expected_tokens(alpha, gamma) / max(round_ns, 1.0)
+        predicted_ns = round_ns(gamma, verify, draft, predraft_hit_rate) * slowdown(True)
+        rate = expected_tokens(alpha, gamma) / max(predicted_ns, 1.0)
         if rate > best_rate:
             best_gamma, best_rate = gamma, rate
     return best_gamma

@@ -12,6 +12,7 @@ GenerationStats, so summing the responses' stats gives the counters:
   accepted_per_position[i]    specdec_accepted_tokens_by_position_total{position="i"}
   accepted + rounds           specdec_tokens_per_round_sum  (mean accepted length = _sum / _count)
   predraft_attempts / _hits   specdec_predraft_attempts_total / specdec_predraft_hits_total
+  (coordinator-wide)          specdec_round_slowdown{kind,load}: realized / predicted round time
   draft_ns, verify_ns, sampling_ns, wire_ns, prefill_ns
                               specdec_stage_duration_seconds_sum{stage="draft"|"verify"|"sampling"|"wire"|"prefill"}
   prompt_tokens               specdec_prompt_tokens_total
@@ -90,6 +91,9 @@ class SpeculationMetrics:
                                              "the previous one, divided over its tokens",
                                              buckets=ITL_BUCKETS, registry=registry)
         self.active_requests = Gauge(PREFIX + "active_requests", "Generations running now", registry=registry)
+        self.round_slowdown = Gauge(PREFIX + "round_slowdown", "Realized over predicted round time, by kind "
+                                    "(speculative, plain) and load (log2 of sessions per verify pass); scales the "
+                                    "γ policy's predictions", ["kind", "load"], registry=registry)
 
     def round_committed(self, drafted: int, accepted: int) -> None:
         """One round that drafted `drafted` tokens and accepted the first `accepted` (as SpeculationStats.record)."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coordinator.speculation_policy import AcceptanceRate, PassLoad, choose_gamma, expected_tokens
+from coordinator.speculation_policy import (MIN_TIMED_ROUNDS, AcceptanceRate, PassLoad, RoundTimes, choose_gamma,
+                                           expected_tokens, round_ns)
 from specdec.step_cost import StepCost
 
 MS = 1e6
@@ -88,3 +89,20 @@ def test_the_running_fit_equals_a_least_squares_fit_of_the_window():
     assert cost.per_token_ns == pytest.approx(per_token, rel=1e-6)
     assert cost.fixed_ns == pytest.approx(fixed, rel=1e-6)
 
+
+def test_measured_round_slowdowns_move_gamma_at_their_own_load():
+    """Speculative rounds measured at twice their predicted time on a busy verifier (16 sessions per pass)
+    turn speculation off there; an idle verifier's choice is untouched, and a few rounds change nothing."""
+    busy, busy_draft = loads(verify_rows=16)
+    idle, idle_draft = loads(verify_rows=1)
+    times = RoundTimes()
+    speculating = choose_gamma(0.6, 8, busy, busy_draft, round_times=times)
+    assert speculating > 0
+    for count in range(MIN_TIMED_ROUNDS):
+        assert choose_gamma(0.6, 8, busy, busy_draft, round_times=times) == speculating  # too few rounds yet
+        times.observe(True, 16, 2 * round_ns(3, busy, busy_draft), round_ns(3, busy, busy_draft))
+        times.observe(False, 16, round_ns(0, busy, busy_draft), round_ns(0, busy, busy_draft))
+    assert times.slowdown(True, 16) == pytest.approx(2.0) and times.slowdown(False, 16) == pytest.approx(1.0)
+    assert choose_gamma(0.6, 8, busy, busy_draft, round_times=times) == 0
+    assert times.slowdown(True, 1) == 1.0
+    assert choose_gamma(0.6, 8, idle, idle_draft, round_times=times) == choose_gamma(0.6, 8, idle, idle_draft)
