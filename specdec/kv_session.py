@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import torch
 
 from specdec.model_runtime import LoadedModel
-from specdec.packed_forward import SequenceKV
 
 
 class ContextOverflowError(ValueError):
@@ -96,9 +95,9 @@ class KVSession:
     def fork(self) -> KVSession:
         """An independent copy: the same tokens and a copy of the cache; later calls on either leave the other
         alone (e.g. a draft lane started from a prefilled one instead of prefilling again)."""
-        twin = KVSession(self.model, ())
+        twin = copy.copy(self)
         twin.tokens = list(self.tokens)
-        twin.cache = self.cache.copy() if isinstance(self.cache, SequenceKV) else copy.deepcopy(self.cache)
+        twin.cache = copy.deepcopy(self.cache)  # a SequenceKV or a transformers cache
         return twin
 
     def truncate(self, length: int) -> None:

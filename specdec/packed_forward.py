@@ -46,8 +46,9 @@ class SequenceKV:
             raise ValueError(f"crop takes a negative count of positions to drop, got {tokens_to_remove}")
         self.length = max(0, self.length + tokens_to_remove)
 
-    def copy(self) -> SequenceKV:
-        """An independent copy of the positions held (buffers sized to them; they grow again on write)."""
+    def __deepcopy__(self, memo: dict) -> SequenceKV:
+        """An independent copy of the positions held (buffers sized to them, not to the capacity; they grow
+        again on write)."""
         twin = SequenceKV(len(self.keys))
         twin.keys = [None if k is None else k[:, :self.length].clone() for k in self.keys]
         twin.values = [None if v is None else v[:, :self.length].clone() for v in self.values]
