@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from specdec.kv_session import KVSession, PlannedForward, run_forwards
-from specdec.sampling import SamplingParams, Stream, logits_to_probs, sample_token
+from specdec.sampling import SamplingParams, Stream, logits_to_probs, row_problems, sample_token
 from specdec.step_batcher import only_result
 
 
@@ -69,8 +68,8 @@ def next_tokens(jobs: Sequence[DraftJob], logits: Sequence[torch.Tensor]) -> lis
     greedy = [index for index, job in enumerate(jobs) if job.params.greedy]
     if greedy:
         stacked = torch.stack([logits[index] for index in greedy]).float()  # [G, V]
-        usable = (~(stacked.isnan() | stacked.isposinf()).any(dim=-1)
-                  & (stacked > -math.inf).any(dim=-1)).tolist()  # [G]
+        non_finite, blocked = row_problems(stacked)  # [G] each
+        usable = (~(non_finite | blocked)).tolist()  # [G]
         picked = stacked.argmax(dim=-1).tolist()  # [G]
         width = min(max(jobs[index].num_alternatives for index in greedy) + 1, stacked.shape[-1])
         ranked = stacked.topk(width, dim=-1).indices.tolist() if width > 1 else [[] for _ in greedy]  # [G, width]

@@ -65,6 +65,11 @@ class NonFiniteLogitsError(ValueError):
     """Logits contain NaN or +inf, or a row allows no token at all."""
 
 
+def row_problems(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of float logits [..., V]: (holds NaN or +inf, allows no token at all: every logit -inf), each [...]."""
+    return (logits.isnan() | logits.isposinf()).any(dim=-1), (logits == -math.inf).all(dim=-1)
+
+
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Logits [..., V] -> float32 probabilities [..., V]: temperature, then top-k, then top-p.
 
@@ -76,9 +81,10 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     if logits.ndim == 0 or logits.shape[-1] == 0:
         raise ValueError(f"logits must have shape [..., V] with V >= 1, got {list(logits.shape)}")
     logits = logits.float()
-    if (logits.isnan() | logits.isposinf()).any():
+    non_finite, blocked = row_problems(logits)
+    if non_finite.any():
         raise NonFiniteLogitsError("logits contain NaN or +inf")
-    if (logits == -math.inf).all(dim=-1).any():
+    if blocked.any():
         raise NonFiniteLogitsError("a row of logits is all -inf, so no token is possible")
     vocab = logits.shape[-1]
     if params.greedy:
