@@ -78,6 +78,15 @@ class AcceptanceRate:
         return (accepted + PRIOR_JUDGED * self.value) / (judged + PRIOR_JUDGED)
 
 
+@dataclass
+class TimedRounds:
+    """Running averages of one kind of round's realized and predicted durations (ns), and how many were timed."""
+
+    realized_ns: float = 0.0
+    predicted_ns: float = 0.0
+    rounds: int = 0
+
+
 class RoundTimes:
     """Coordinator-wide running averages of realized and predicted round durations, per kind of round
     (speculative: a block of γ ≥ 1 drafted tokens; plain: γ = 0) and per load (the verifier's sessions per
@@ -85,7 +94,7 @@ class RoundTimes:
 
     def __init__(self, smoothing: float = ROUND_TIME_SMOOTHING):
         self._smoothing = smoothing
-        self._averages: dict[tuple[int, bool], list[float]] = {}  # (load, speculative) -> [realized, predicted, rounds]
+        self._timed: dict[tuple[int, bool], TimedRounds] = {}  # (load level, speculative) -> its averages
 
     @staticmethod
     def load_level(rows: float) -> int:
@@ -95,18 +104,18 @@ class RoundTimes:
     def observe(self, speculative: bool, rows: float, realized_ns: float, predicted_ns: float) -> None:
         """A round of that kind, with `rows` sessions per verify pass, took realized_ns where predicted_ns
         was predicted."""
-        averages = self._averages.setdefault((self.load_level(rows), speculative), [0.0, 0.0, 0])
-        averages[2] += 1
-        weight = max(self._smoothing, 1.0 / averages[2])  # a plain mean while few
-        averages[0] += weight * (realized_ns - averages[0])
-        averages[1] += weight * (predicted_ns - averages[1])
+        timed = self._timed.setdefault((self.load_level(rows), speculative), TimedRounds())
+        timed.rounds += 1
+        weight = max(self._smoothing, 1.0 / timed.rounds)  # a plain mean while few
+        timed.realized_ns += weight * (realized_ns - timed.realized_ns)
+        timed.predicted_ns += weight * (predicted_ns - timed.predicted_ns)
 
     def slowdown(self, speculative: bool, rows: float) -> float:
         """How much longer that kind's rounds take than predicted at that load (1 until enough were timed)."""
-        realized, predicted, rounds = self._averages.get((self.load_level(rows), speculative), (0.0, 0.0, 0))
-        if rounds < MIN_TIMED_ROUNDS or predicted <= 0:
+        timed = self._timed.get((self.load_level(rows), speculative), TimedRounds())
+        if timed.rounds < MIN_TIMED_ROUNDS or timed.predicted_ns <= 0:
             return 1.0
-        return realized / predicted
+        return timed.realized_ns / timed.predicted_ns
 
 
 def round_ns(gamma: int, verify: PassLoad, draft: PassLoad | None, predraft_hit_rate: float = 0.0) -> float:

@@ -61,10 +61,11 @@ def verify_rounds(jobs: Sequence[VerifyJob], prefills: Sequence[PlannedForward] 
             results[index] = error
     if not planned and not prefills:
         return results
+    plans = [*(plan for _, plan in planned), *prefills]
     started = time.perf_counter_ns()
-    all_logits = run_forwards([*(plan for _, plan in planned), *prefills])[:len(planned)]  # per round [γ+1, V]
+    all_logits = run_forwards(plans)[:len(planned)]  # per round [γ+1, V]
     forward_ns = time.perf_counter_ns() - started
-    batch_tokens = sum(len(plan.token_ids) for plan in [*(plan for _, plan in planned), *prefills])
+    batch_tokens = sum(len(plan.token_ids) for plan in plans)
     for (index, _), logits in zip(planned, all_logits):
         job = jobs[index]
         sampling_started = time.perf_counter_ns()
