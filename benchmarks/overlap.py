@@ -6,8 +6,9 @@
 One LocalStack: a draft service (--threads 1) and a verify service (--threads 1), each its own process,
 and one coordinator per mode on those same replicas: sequential (`--no-overlap`) and one per pre-draft
 policy (coordinator/predraft.py): "all_accepted" (`--predraft-guesses 0`: the single guess that the whole
-block is accepted and the bonus token is the draft's own), and "guesses_1", "guesses_2" (also a rejection
-at every position, replaced by the draft's 1 or 2 next most likely tokens there; guesses_1 is the default).
+block is accepted and the bonus token is the draft's own), and "guesses_N" (also N rejection guesses per block
+position, each a position and one of the draft's next most likely tokens there, ranked by the request's verdicts
+so far; guesses_2 is the default).
 Every mode therefore uses the same processes on the same cores. Batch 1, greedy. A run sends each prompt
 to every coordinator back to back (the order rotates per prompt); a run's ratio for a policy is its tokens/s
 over sequential tokens/s, and the report gives the median over runs and names the policy that wins.
@@ -40,8 +41,8 @@ from specdec.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
 from specdec.local_stack import LocalStack, start_service
 from specdec.v1 import drafter_pb2_grpc, verifier_pb2_grpc
 
-POLICIES = {"all_accepted": 0, "guesses_1": 1, "guesses_2": 2}  # mode -> --predraft-guesses
-DEFAULT_POLICY = "guesses_1"
+POLICIES = {"all_accepted": 0, "guesses_1": 1, "guesses_2": 2, "guesses_3": 3}  # mode -> --predraft-guesses
+DEFAULT_POLICY = "guesses_2"
 MODES = ("sequential", *POLICIES)
 
 

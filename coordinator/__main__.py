@@ -9,6 +9,7 @@ import sys
 
 from transformers import AutoTokenizer, GenerationConfig
 
+from coordinator.generation import MAX_RANKED_ALTERNATIVES
 from coordinator.replicas import ReplicaPool
 from coordinator.request_guard import RequestGuard
 from coordinator.servicer import CoordinatorServicer
@@ -22,8 +23,6 @@ from specdec.telemetry import start_telemetry
 from specdec.v1 import coordinator_pb2, coordinator_pb2_grpc, drafter_pb2_grpc, verifier_pb2_grpc
 
 log = logging.getLogger("coordinator")
-MAX_PREDRAFT_GUESSES = 8  # a drafter's default max_alternatives
-
 
 def eos_token_ids(source: str, tokenizer) -> set[int]:
     """EOS ids from the generation config when there is one, plus the tokenizer's."""
@@ -52,8 +51,8 @@ def check_replicas(tokenizer_identity: VocabularyIdentity, draft_pool: ReplicaPo
 
 
 async def build_servicer(settings: CoordinatorSettings) -> CoordinatorServicer:
-    if not 0 <= settings.predraft_guesses <= MAX_PREDRAFT_GUESSES:
-        raise ValueError(f"predraft_guesses must be in [0, {MAX_PREDRAFT_GUESSES}], got {settings.predraft_guesses}")
+    if not 0 <= settings.predraft_guesses <= MAX_RANKED_ALTERNATIVES:
+        raise ValueError(f"predraft_guesses must be in [0, {MAX_RANKED_ALTERNATIVES}], got {settings.predraft_guesses}")
     tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer)
     security = dict(credentials=channel_credentials(settings.replica_tls_ca, settings.replica_tls_cert,
                                                     settings.replica_tls_key),

@@ -3,8 +3,9 @@
 Sequential mode: Propose(block k) then Verify(block k). Overlapped mode: while Verify(block k) runs, the
 drafter already drafts block k+1 under several guessed verdicts of block k, one draft lane each
 (coordinator/predraft.py): "all accepted, and the bonus token is the draft's own next token", and for greedy
-requests "rejected at position i, replaced by the draft's runner-up token there" (`predraft_guesses` per
-position, as many as the measured pass costs say fit inside the verification). A verdict that matches a
+requests "rejected at position i, replaced by the draft's r-th next most likely token there" (1 + γ ·
+`predraft_guesses` of them, the ones this request's verdicts matched most often first, and no more than the
+measured pass costs say fit inside the verification). A verdict that matches a
 guess sends that lane's block straight to the verifier; otherwise the next block is drafted afresh. Each lane's
 next call rolls it back through base_len. Draws are keyed by (seed, position), so both modes commit the same
 tokens.
@@ -31,7 +32,7 @@ from typing import TypeVar
 import grpc
 from opentelemetry.context import Context
 
-from coordinator.predraft import DraftLane, Guess, guesses
+from coordinator.predraft import DraftLane, Guess, VerdictHistory, assign_lanes, guesses
 from coordinator.replicas import Replica
 from coordinator.request_telemetry import RemoteCall, RequestTelemetry
 from coordinator.speculation_policy import AcceptanceRate, RoundTimes, affordable_guesses, choose_gamma, round_ns
@@ -47,6 +48,8 @@ T = TypeVar("T")
 FAILED_DRAFTER_CLOSE_TIMEOUT_S = 2.0
 PRIOR_PREDRAFTS = 4  # weight of the 1/2 prior in a request's pre-draft hit rate
 MAX_DRAFT_LANES = 16  # lanes one request may hold on a drafter (its default max_lanes); the least likely guesses go
+MAX_RANKED_ALTERNATIVES = 8  # alternatives per drafted position a drafter ranks (its default max_alternatives)
+EXTRA_RANKED_ALTERNATIVES = 2  # ranks considered for rejection guesses beyond the guesses per position
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class GenerationPlan:
     gamma: int  # 0 = plain target decoding through the verifier
     draft_method: int  # common_pb2.DraftMethod
     overlap: bool
-    predraft_guesses: int = 1  # overlapped mode: rejection guesses per block position (0: only "all accepted")
+    predraft_guesses: int = 2  # overlapped mode: rejection guesses per block position (0: only "all accepted")
 
     @property
     def rejection_guesses(self) -> int:
@@ -68,6 +71,15 @@ class GenerationPlan:
         draw from the residual distribution, which the draft's ranking seldom names (pre-draft hit rate 0.08 at
         temperature 1 on the demo pair, against 0.69 greedy), so those lanes would cost without paying."""
         return self.predraft_guesses if self.overlap and self.params.greedy else 0
+
+    @property
+    def ranked_alternatives(self) -> int:
+        """The draft's next most likely tokens per position that rejection guesses are chosen from: a few ranks
+        deeper than the guesses per position, so a request whose verdicts keep landing deeper gets lanes there
+        (coordinator/predraft.py: VerdictHistory)."""
+        if not self.rejection_guesses:
+            return 0
+        return min(self.rejection_guesses + EXTRA_RANKED_ALTERNATIVES, MAX_RANKED_ALTERNATIVES)
 
     @property
     def draft_lanes(self) -> int:
@@ -152,6 +164,7 @@ class Generation:
         self.committed: list[int] = list(plan.prompt_ids)
         self.lanes = [DraftLane(index, list(plan.prompt_ids), len(plan.prompt_ids))
                       for index in range(plan.draft_lanes)]
+        self.verdicts = VerdictHistory()  # which guesses this request's verdicts matched, to rank the next ones
         self._judged = 0  # drafted tokens the verifier accepted or rejected (those after a rejection are neither)
         self._started_ns = time.perf_counter_ns()
 
@@ -300,7 +313,7 @@ class Generation:
     async def _propose_on_drafter(self, calls: Sequence[LaneCall], round_span: Context,
                                   predraft: bool) -> list[DraftBlock]:
         draft, committed_len = self.draft, len(self.committed)
-        alternatives = self.plan.rejection_guesses
+        alternatives = self.plan.ranked_alternatives
         proposals = []
         for call in calls:
             base_len, appended = call.lane.sync_to(call.sequence)
@@ -338,19 +351,17 @@ class Generation:
         if not self.plan.overlap or self.draft is None or not block.token_ids:
             return None
         gamma = self._gamma()
-        ranked = guesses(block.token_ids, block.alternatives, self.plan.rejection_guesses)[:len(self.lanes)]
+        candidates = guesses(block.token_ids, block.alternatives, self.plan.ranked_alternatives)
+        ranked = self.verdicts.rank(candidates)[:len(self.lanes)]
         verify_load, draft_load = self.verify.load, self.draft.load
         if self.acceptance is not None and verify_load is not None and draft_load is not None:  # adaptive
             verify_tokens = verify_load.rows * (len(block.token_ids) + 1)
             ranked = ranked[:affordable_guesses(len(ranked), gamma + 1, verify_tokens, verify_load, draft_load)]
-        # "All accepted" continues the block's own lane (it already holds the block); the rest take other lanes.
-        free_lanes = iter(lane for lane in self.lanes if lane.index != block.lane)
         calls: list[tuple[Guess, LaneCall]] = []
-        for guess in ranked:
+        for guess, lane in assign_lanes(ranked, self.lanes, block.lane):
             size = self._block_size(guess.accepted + 1, gamma)
             if size <= 0:
                 continue
-            lane = self.lanes[block.lane] if guess.next_token is None else next(free_lanes)
             num_tokens = size + 1 if guess.next_token is None else size  # + the drafter's own bonus guess
             calls.append((guess, LaneCall(lane, guess.sequence(self.committed, block.token_ids), num_tokens)))
         if not calls:
@@ -401,6 +412,7 @@ class Generation:
         with self.telemetry.stage("commit", round_span, base_len=base_len, drafted=drafted, accepted=accepted,
                                   rolled_back=drafted - accepted):
             self.stats.record(drafted, accepted)
+            self.verdicts.observe(drafted, block.alternatives, accepted, verdict.next_token_id)
             self.metrics.round_committed(drafted, accepted)
             if self.acceptance is not None:
                 judged = accepted + (accepted < drafted)  # the draft tokens the verifier ruled on this round

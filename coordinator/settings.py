@@ -24,10 +24,11 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
     max_new_tokens_limit: int = setting(1024, "largest max_new_tokens a request may ask for")
     max_context_tokens: int = setting(1024, "longest prompt + completion (at most the models' context)")
     overlap: bool = setting(True, "pipeline rounds: draft block k+1 while block k is verified")
-    predraft_guesses: int = setting(1, "overlapped mode, greedy requests: besides 'all accepted', guess a rejection at "
-                                       "every block position with the draft's this-many next most likely tokens, each "
-                                       "pre-drafted on its own draft lane (0: only 'all accepted'; fewer when the "
-                                       "measured costs say they would not fit inside the verification)")
+    predraft_guesses: int = setting(2, "overlapped mode, greedy requests: besides 'all accepted', guess γ times this "
+                                       "many rejections (a position and the draft's r-th next most likely token "
+                                       "there; those the request's verdicts matched most often first), "
+                                       "each pre-drafted on its own draft lane (0: only 'all accepted'; fewer when "
+                                       "the measured costs say they would not fit inside the verification)")
     adaptive_gamma: bool = setting(True, "pick each round's γ within [0, the request's γ] from the request's live "
                                          "acceptance rate and the replicas' measured pass costs at their current "
                                          "batch size (0 = plain decoding when speculation stops paying), and "

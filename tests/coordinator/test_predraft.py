@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coordinator.predraft import DraftLane, Guess, guesses
+from coordinator.predraft import DraftLane, Guess, VerdictHistory, assign_lanes, guesses
 from coordinator.speculation_policy import PassLoad, affordable_guesses
 from specdec.step_cost import StepCost
 
@@ -53,3 +53,27 @@ def test_guesses_are_limited_to_what_the_drafter_finishes_within_the_verificatio
     busy_draft = _load(6, 0.25, 40)  # the drafter's batch is already 40 rows: 80 ms for 5 passes
     assert affordable_guesses(9, 5, 5, verify, busy_draft) == 1
     assert affordable_guesses(9, 5, 5 * 16, _load(40, 1.25, 16), busy_draft) == 9  # a busy verifier hides them
+
+
+def test_verdicts_rank_the_guesses_they_matched_first_and_keep_the_fixed_order_between_equals():
+    history = VerdictHistory()
+    candidates = guesses(BLOCK, ALTERNATIVES, 2)  # all accepted, (0, 21), (1, 22), (2, 23), (0, 31), (1, 32)
+    assert history.rank(candidates) == candidates
+    history.observe(3, ALTERNATIVES, 1, 32)  # rejected at position 1, the verifier's token the draft's 2nd choice
+    history.observe(3, ALTERNATIVES, 1, 32)
+    history.observe(3, ALTERNATIVES, 2, 23)
+    history.observe(3, ALTERNATIVES, 3, 99)  # all accepted (the bonus token does not matter)
+    history.observe(3, ALTERNATIVES, 0, 77)  # a token the draft did not rank: counts nowhere
+    assert history.rank(candidates) == [Guess(1, 32), Guess(3, None), Guess(2, 23), Guess(0, 21), Guess(1, 22),
+                                        Guess(0, 31)]
+    # Ranks, not tokens, are what repeat: a new block's guesses at the same position and rank come first.
+    assert history.rank(guesses([5, 6, 7], [[8, 9], [10, 11], [12]], 2))[0] == Guess(1, 11)
+
+
+def test_all_accepted_keeps_the_blocks_lane_and_every_guess_gets_a_lane_of_its_own():
+    lanes = [DraftLane(index, [1], 1) for index in range(3)]
+    with_all = assign_lanes([Guess(3, None), Guess(0, 21), Guess(1, 22)], lanes, block_lane=1)
+    assert [(guess.next_token, lane.index) for guess, lane in with_all] == [(None, 1), (21, 0), (22, 2)]
+    # The history ranked "all accepted" out: the block's lane serves a rejection guess too.
+    without = assign_lanes([Guess(0, 21), Guess(1, 22), Guess(2, 23), Guess(0, 31)], lanes, block_lane=1)
+    assert [(guess.next_token, lane.index) for guess, lane in without] == [(21, 0), (22, 2), (23, 1)]
