@@ -135,13 +135,14 @@ def plot_timeline(timelines: dict[str, dict], path: pathlib.Path) -> None:
 
 def pinned_cores(threads: int) -> dict[str, str]:
     """--cpus values giving the draft service and the verify service `threads` cores each, when there are enough.
-    The coordinators share the verify service's cores: their work on a verdict (commit, send the next block) falls
-    between two verifications, when those cores are idle, while the drafter may still be busy pre-drafting."""
+    The coordinators share the draft service's cores: in overlapped mode the verifications are the critical path
+    and a pre-draft ends before its verification does, so the drafter's cores have the slack for the coordinator's
+    work (taking in a pre-draft's lanes while a verification runs); sequential rounds wait on every call either way."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2 * threads:
         return {}
-    verify_cores = ",".join(map(str, cores[threads:2 * threads]))
-    return {"draft": ",".join(map(str, cores[:threads])), "verify": verify_cores, "coordinator": verify_cores}
+    draft_cores = ",".join(map(str, cores[:threads]))
+    return {"draft": draft_cores, "verify": ",".join(map(str, cores[threads:2 * threads])), "coordinator": draft_cores}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-pin", dest="pin", action="store_false",
                         help="let the services share cores (default: the draft service and the verify service each "
                              "on cores of their own, when the machine has enough; the coordinators, and this process, "
-                             "on the verify service's)")
+                             "on the draft service's)")
     parser.add_argument("--timeline-tokens", type=int, default=48, help="max_new_tokens of the plotted request")
     parser.add_argument("--quick", action="store_true", help="2 prompts x 16 tokens, 3 runs, to a temp folder")
     parser.add_argument("--out-dir", type=pathlib.Path, default=None)
