@@ -24,6 +24,7 @@ from specdec.v1 import coordinator_pb2, coordinator_pb2_grpc, drafter_pb2_grpc, 
 
 log = logging.getLogger("coordinator")
 
+
 def eos_token_ids(source: str, tokenizer) -> set[int]:
     """EOS ids from the generation config when there is one, plus the tokenizer's."""
     ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
@@ -52,7 +53,8 @@ def check_replicas(tokenizer_identity: VocabularyIdentity, draft_pool: ReplicaPo
 
 async def build_servicer(settings: CoordinatorSettings) -> CoordinatorServicer:
     if not 0 <= settings.predraft_guesses <= MAX_RANKED_ALTERNATIVES:
-        raise ValueError(f"predraft_guesses must be in [0, {MAX_RANKED_ALTERNATIVES}], got {settings.predraft_guesses}")
+        raise ValueError(f"predraft_guesses must be in [0, {MAX_RANKED_ALTERNATIVES}], "
+                         f"got {settings.predraft_guesses}")
     tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer)
     security = dict(credentials=channel_credentials(settings.replica_tls_ca, settings.replica_tls_cert,
                                                     settings.replica_tls_key),
