@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from specdec.packed_forward import PACKED_ATTENTION, SequenceKV, packed_forward, supports_packed_forward
+from specdec.kv_pool import KVPool, SequenceKV
+from specdec.packed_forward import PACKED_ATTENTION, packed_forward, supports_packed_forward
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ class LoadedModel:
         self.packed = supports_packed_forward(model.config)
         if self.packed:
             model.set_attn_implementation(PACKED_ATTENTION)
+            self.kv_pool = KVPool(model.config.num_hidden_layers)  # every sequence's keys/values on this model
 
     @classmethod
     def load(cls, settings: ModelSettings, **from_pretrained_kwargs) -> LoadedModel:
@@ -105,7 +107,7 @@ class LoadedModel:
     def new_cache(self) -> Cache:
         """An empty KV cache for one sequence."""
         if self.packed:
-            return SequenceKV(self.model.config.num_hidden_layers)
+            return self.kv_pool.new_sequence()
         return DynamicCache(config=self.model.config)
 
     @torch.inference_mode()

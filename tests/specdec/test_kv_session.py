@@ -61,9 +61,9 @@ def test_random_extend_truncate_cycles_keep_length_and_memory_bounded(tiny_pair)
             session.extend(new)
             assert session.cached_len == len(session)
         assert session.cache.get_seq_length() <= len(session), "the cache never holds more than the sequence"
-        key_buffer = session.cache.keys[0]  # [H_kv, capacity, D]
-        peak = max(peak, 0 if key_buffer is None else key_buffer.shape[1])
-    assert peak <= 128, "buffers grow by doubling, never past twice the longest sequence (64)"
+        key_buffer = session.cache.pool.keys[0]  # [slots, H_kv, capacity, D]
+        peak = max(peak, 0 if key_buffer is None else key_buffer.shape[2])
+    assert peak <= 128, "the pool grows by doubling, never past twice the longest sequence (64)"
 
 
 def test_context_overflow_is_refused(tiny_pair):

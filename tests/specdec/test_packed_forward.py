@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -9,7 +10,8 @@ import torch
 from transformers import LlamaConfig, MistralConfig
 
 from specdec.kv_session import KVSession, run_forwards
-from specdec.packed_forward import SequenceKV, supports_packed_forward
+from specdec.kv_pool import KVPool
+from specdec.packed_forward import supports_packed_forward
 
 
 @torch.inference_mode()
@@ -46,19 +48,38 @@ def test_rollback_then_packed_extend_matches_a_fresh_sequence(tiny_pair):
             session.truncate(len(session) - rng.randint(0, len(block)))
 
 
-def test_buffers_grow_past_their_first_capacity_and_keep_their_contents():
-    kv = SequenceKV(num_layers=1)
-    written = torch.randn(2, 100, 4)  # [H_kv, n, D]
-    for start in range(0, 100, 10):
-        kv.write(0, start, written[:, start:start + 10], written[:, start:start + 10])
-    keys, _ = kv.write(0, 100, written[:, :1], written[:, :1])
-    assert keys.shape == (2, 101, 4)
-    torch.testing.assert_close(keys[:, :100], written)
-    kv.length = 101
+def test_pool_grows_past_its_first_capacity_and_slots_and_keeps_contents():
+    pool = KVPool(num_layers=1)
+    sequences = [pool.new_sequence() for _ in range(9)]  # past the first slot count
+    assert [kv.slot for kv in sequences] == list(range(9))
+    written = torch.randn(9, 100, 2, 4)  # [sequence, position, H_kv, D]
+    for start in range(0, 100, 10):  # past the first capacity, ten positions of every sequence at a time
+        slots = torch.arange(9).repeat_interleave(10)
+        positions = torch.arange(start, start + 10).repeat(9)
+        block = written[:, start:start + 10].reshape(90, 2, 4)
+        pool.reserve(start + 10)
+        keys, values = pool.write(0, slots, positions, block, -block)
+    assert keys.shape[0] >= 9 and keys.shape[2] >= 100
+    torch.testing.assert_close(keys[:9, :, :100], written.transpose(1, 2))
+    torch.testing.assert_close(values[:9, :, :100], -written.transpose(1, 2))
+    kv = sequences[4]
+    kv.length = 100
     kv.crop(-30)
-    assert kv.get_seq_length() == 71
+    assert kv.get_seq_length() == 70
     with pytest.raises(ValueError, match="negative"):
         kv.crop(3)
+
+
+def test_forks_get_their_own_slot_and_dropped_sequences_give_theirs_back():
+    pool = KVPool(num_layers=1)
+    first, second = pool.new_sequence(), pool.new_sequence()
+    pool.write(0, torch.tensor([0, 0, 1]), torch.tensor([0, 1, 0]), torch.ones(3, 2, 4), torch.ones(3, 2, 4))
+    first.length = 2
+    twin = copy.deepcopy(first)
+    assert twin.slot == 2 and twin.get_seq_length() == 2
+    torch.testing.assert_close(pool.keys[0][2, :, :2], pool.keys[0][0, :, :2])
+    del second
+    assert pool.new_sequence().slot == 1, "the lowest free slot is reused"
 
 
 def test_models_with_attention_it_cannot_reproduce_run_one_sequence_per_pass():
