@@ -16,6 +16,10 @@ What the pass costs do not show is measured too: each round's realized duration 
 model predicted for it (RoundTimes), separately for speculative and plain rounds, and each kind's ratio scales
 its predictions. Under load a request that waits for a fresh draft misses the verifier's next batched pass and
 waits for the one after; on shared hardware the drafter takes cores from the verifier. Those costs then count.
+A kind measured slower than the other is re-timed under the current conditions: once it has not been timed
+for RECHECK_AFTER rounds of the other at a load, the next round there is of that kind, and a kind's new timing
+weighs more the more rounds of the other kind came since its last one. Without it a kind timed while a queue
+built up (or drained) kept that ratio, and the policy could stay with the other kind for good.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ ROUND_TIME_SMOOTHING = 0.05  # weight of the newest round in the realized and pr
 PRIOR_JUDGED = 8  # a request's own counts outweigh the coordinator-wide α after this many judged draft tokens
 INITIAL_ALPHA = 0.5  # before any round anywhere has been judged
 ROWS_SMOOTHING = 0.2  # weight of the newest pass in the running batch-size average
+RECHECK_AFTER = 16  # rounds of one kind at a load after which the other kind gets a round there, to re-time it
+MAX_STALE_WEIGHT = 0.5  # most weight one round's timing gets in its kind's averages, however stale they are
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -95,6 +101,9 @@ class RoundTimes:
     def __init__(self, smoothing: float = ROUND_TIME_SMOOTHING):
         self._smoothing = smoothing
         self._timed: dict[tuple[int, bool], TimedRounds] = {}  # (load level, speculative) -> its averages
+        # (load level, speculative) -> rounds of the other kind timed there since this kind's last timing
+        self._untimed_for: dict[tuple[int, bool], int] = {}
+        self._rechecks: dict[tuple[int, bool], int] = {}  # re-timing rounds handed out: key -> its count then
 
     @staticmethod
     def load_level(rows: float) -> int:
@@ -104,11 +113,30 @@ class RoundTimes:
     def observe(self, speculative: bool, rows: float, realized_ns: float, predicted_ns: float) -> None:
         """A round of that kind, with `rows` sessions per verify pass, took realized_ns where predicted_ns
         was predicted."""
-        timed = self._timed.setdefault((self.load_level(rows), speculative), TimedRounds())
+        level = self.load_level(rows)
+        timed = self._timed.setdefault((level, speculative), TimedRounds())
+        stale_for = self._untimed_for.pop((level, speculative), 0)
+        self._rechecks.pop((level, speculative), None)
+        self._untimed_for[(level, not speculative)] = self._untimed_for.get((level, not speculative), 0) + 1
         timed.rounds += 1
-        weight = max(self._smoothing, 1.0 / timed.rounds)  # a plain mean while few
+        # a plain mean while few, then a running average whose memory counts the rounds of both kinds
+        weight = max(self._smoothing, 1.0 / timed.rounds, min(stale_for * self._smoothing, MAX_STALE_WEIGHT))
         timed.realized_ns += weight * (realized_ns - timed.realized_ns)
         timed.predicted_ns += weight * (predicted_ns - timed.predicted_ns)
+
+    def claim_recheck(self, rows: float) -> bool | None:
+        """The kind (speculative or not) due for a round at this load, or None: a kind measured slower than the
+        other there and not timed for RECHECK_AFTER rounds of the other (its ratio may be stale). The caller runs
+        one round of it; it is handed out once (again only if RECHECK_AFTER more rounds pass untimed)."""
+        level = self.load_level(rows)
+        for speculative in (True, False):
+            key = (level, speculative)
+            stale_for = self._untimed_for.get(key, 0)
+            if (stale_for >= RECHECK_AFTER and stale_for >= self._rechecks.get(key, -RECHECK_AFTER) + RECHECK_AFTER
+                    and self.slowdown(speculative, rows) > self.slowdown(not speculative, rows)):
+                self._rechecks[key] = stale_for
+                return speculative
+        return None
 
     def slowdown(self, speculative: bool, rows: float) -> float:
         """How much longer that kind's rounds take than predicted at that load (1 until enough were timed)."""
@@ -135,14 +163,20 @@ def round_ns(gamma: int, verify: PassLoad, draft: PassLoad | None, predraft_hit_
 def choose_gamma(alpha: float, max_gamma: int, verify: PassLoad, draft: PassLoad | None,
                  predraft_hit_rate: float = 0.0, round_times: RoundTimes | None = None) -> int:
     """The γ in [0, max_gamma] with the most expected committed tokens per unit time (0 = plain decoding),
-    each kind's predicted round time scaled by its measured slowdown (round_times)."""
+    each kind's predicted round time scaled by its measured slowdown (round_times). When round_times says a
+    kind is due for a re-timing, this round is of that kind (the best speculative γ, or 0)."""
     if draft is None:
+        return 0
+    recheck = round_times.claim_recheck(verify.rows) if round_times is not None and max_gamma > 0 else None
+    if recheck is False:
         return 0
 
     def slowdown(speculative: bool) -> float:
         return round_times.slowdown(speculative, verify.rows) if round_times is not None else 1.0
 
     best_gamma, best_rate = 0, 1.0 / max(round_ns(0, verify, draft) * slowdown(False), 1.0)
+    if recheck:
+        best_rate = 0.0  # any speculative γ beats plain decoding this round
     for gamma in range(1, max_gamma + 1):
         predicted_ns = round_ns(gamma, verify, draft, predraft_hit_rate) * slowdown(True)
         rate = expected_tokens(alpha, gamma) / max(predicted_ns, 1.0)

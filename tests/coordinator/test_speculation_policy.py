@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coordinator.speculation_policy import (MIN_TIMED_ROUNDS, AcceptanceRate, PassLoad, RoundTimes, choose_gamma,
-                                           expected_tokens, round_ns)
+from coordinator.speculation_policy import (MIN_TIMED_ROUNDS, RECHECK_AFTER, AcceptanceRate, PassLoad, RoundTimes,
+                                           choose_gamma, expected_tokens, round_ns)
 from specdec.step_cost import StepCost
 
 MS = 1e6
@@ -106,3 +106,32 @@ def test_measured_round_slowdowns_move_gamma_at_their_own_load():
     assert choose_gamma(0.6, 8, busy, busy_draft, round_times=times) == 0
     assert times.slowdown(True, 1) == 1.0
     assert choose_gamma(0.6, 8, idle, idle_draft, round_times=times) == choose_gamma(0.6, 8, idle, idle_draft)
+
+
+def test_a_kind_left_untimed_at_a_load_gets_a_round_there_to_be_timed_again():
+    """Speculative rounds once timed at 10x their prediction (a queue building up) turn speculation off; after
+    RECHECK_AFTER plain rounds one speculative round runs, each such round halves the stale excess, and
+    speculation is back for good within a few of them. A kind measured no slower than the other is not
+    re-timed; plain rounds measured slower are, the same way, and a claim is handed out once."""
+    busy, busy_draft = loads(verify_rows=16)
+    times = RoundTimes()
+    speculative_ns = round_ns(3, busy, busy_draft)
+    for _ in range(MIN_TIMED_ROUNDS):
+        times.observe(True, 16, 10 * speculative_ns, speculative_ns)
+    chosen = []
+    for _ in range(200):
+        gamma = choose_gamma(0.6, 8, busy, busy_draft, round_times=times)
+        chosen.append(gamma)
+        predicted = round_ns(gamma, busy, busy_draft)
+        times.observe(gamma > 0, 16, predicted, predicted)
+    assert chosen[:RECHECK_AFTER] == [0] * RECHECK_AFTER
+    assert chosen[RECHECK_AFTER] > 0, "the speculative round due for a re-timing"
+    assert all(gamma > 0 for gamma in chosen[8 * (RECHECK_AFTER + 1):]), "speculation is back once re-timed"
+    assert times.slowdown(True, 16) < 1.1
+    plain_ns = round_ns(0, busy, busy_draft)
+    for _ in range(MIN_TIMED_ROUNDS):
+        times.observe(False, 16, 3 * plain_ns, plain_ns)
+    for _ in range(RECHECK_AFTER):
+        times.observe(True, 16, speculative_ns, speculative_ns)
+    assert times.claim_recheck(16) is False and times.claim_recheck(16) is None
+    assert times.claim_recheck(1) is None, "other loads keep their own counts"
