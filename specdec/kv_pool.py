@@ -38,10 +38,6 @@ class KVPool:
         self._free: list[int] = []  # a heap of released slots below _next_slot
         self._next_slot = 0
 
-    @property
-    def num_layers(self) -> int:
-        return len(self.keys)
-
     def new_sequence(self) -> SequenceKV:
         """An empty sequence in the lowest free slot."""
         return SequenceKV(self, self._allocate())
@@ -64,10 +60,6 @@ class KVPool:
         """Makes room for `positions` positions in every slot (takes effect in each layer at its next write)."""
         while positions > self.capacity:
             self.capacity *= 2
-
-    def layer(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """A layer's key and value buffers, each [slots, H_kv, capacity, D] (None before its first write)."""
-        return self.keys[layer], self.values[layer]
 
     def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
               values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -44,6 +44,7 @@ class PackedRow:
 class AttentionGrid:
     """Where the grid rows' tokens go on a [hi - lo, n, H, D] query grid, and the mask every layer shares."""
 
+    rows: tuple[int, ...]  # indexes of the step's rows on the grid
     lo: int  # first slot of the range
     hi: int  # one past the last slot of the range
     length: int  # positions attended: the longest grid row's end
@@ -78,9 +79,17 @@ class AttentionGrid:
         visible = torch.arange(length) <= (starts[:, None] + torch.arange(query_len))[:, :, None]  # [S, n, L]
         mask = torch.zeros(visible.shape, dtype=torch.float32).masked_fill_(~visible, float("-inf"))
         every_token = len(tokens) == total_tokens
-        return cls(lo, hi, length, None if every_token else torch.tensor(tokens, device=device),
+        return cls(tuple(short), lo, hi, length, None if every_token else torch.tensor(tokens, device=device),
                    torch.tensor(slot_offsets, device=device), torch.tensor(query_positions, device=device),
                    mask.unsqueeze(1).to(device))
+
+
+def _causal_mask(row: PackedRow, device: torch.device) -> torch.Tensor | None:
+    """Query i of a row (position start+i) sees positions 0..start+i: [n, start+n]; None for a single query."""
+    if row.count == 1:
+        return None
+    return torch.arange(row.start + row.count, device=device) <= (
+        row.start + torch.arange(row.count, device=device)).unsqueeze(1)
 
 
 class PackedStep:
@@ -96,8 +105,9 @@ class PackedStep:
         self.positions = torch.cat([torch.arange(r.start, r.start + r.count) for r in self.rows]).to(device)  # [T]
         self.slots = torch.tensor([r.kv.slot for r in self.rows for _ in range(r.count)], device=device)  # [T]
         self.grid = AttentionGrid.plan(self.rows, self.offsets, self.total_tokens, device)
-        on_grid = self.grid is not None
-        self.single_rows = [i for i, row in enumerate(self.rows) if not (on_grid and row.count <= GRID_MAX_TOKENS)]
+        on_grid = set(self.grid.rows) if self.grid is not None else set()
+        # (row index, its causal mask [n, start+n] or None for one token): the rows attending one per call
+        self.single_rows = [(i, _causal_mask(row, device)) for i, row in enumerate(self.rows) if i not in on_grid]
 
     @property
     def total_tokens(self) -> int:
@@ -135,13 +145,9 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
             enable_gqa=grouped).transpose(1, 2)  # [S, n, H, D]
         grid_tokens = slice(None) if grid.tokens is None else grid.tokens
         attended[grid_tokens] = grid_out[grid.slot_offsets, grid.query_positions]
-    for i in step.single_rows:
+    for i, mask in step.single_rows:
         row, begin, end = step.rows[i], step.offsets[i], step.offsets[i + 1]
         length = row.start + row.count
-        mask = None
-        if row.count > 1:  # query i (position start+i) sees positions 0..start+i
-            mask = torch.arange(length, device=query.device) <= (
-                row.start + torch.arange(row.count, device=query.device)).unsqueeze(1)  # [n, start+n]
         slot = slice(row.kv.slot, row.kv.slot + 1)
         attended[begin:end] = F.scaled_dot_product_attention(
             query[:, :, begin:end], pooled_keys[slot, :, :length], pooled_values[slot, :, :length], attn_mask=mask,
