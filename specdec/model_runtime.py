@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from specdec.cpu_lm_head import use_onednn_lm_head
 from specdec.kv_pool import KVPool, SequenceKV
 from specdec.packed_forward import PACKED_ATTENTION, packed_forward, supports_packed_forward
 
@@ -95,9 +96,11 @@ class LoadedModel:
             torch.set_num_threads(settings.threads)
         started = time.perf_counter()
         tokenizer = AutoTokenizer.from_pretrained(settings.model)
-        model = AutoModelForCausalLM.from_pretrained(settings.model, dtype=DTYPES[settings.dtype], **from_pretrained_kwargs)
+        model = AutoModelForCausalLM.from_pretrained(settings.model, dtype=DTYPES[settings.dtype],
+                                                     **from_pretrained_kwargs)
         if "tp_plan" not in from_pretrained_kwargs:
             model = model.to(settings.device)
+            use_onednn_lm_head(model)
         model.eval()
         params = sum(p.numel() for p in model.parameters())
         log.info("loaded %s (%.1fM params, %s, %s) in %.1fs", settings.model, params / 1e6, settings.dtype,
