@@ -275,10 +275,11 @@ class Generation:
         return (self.acceptance is not None and self.draft is not None and self.draft.load is not None
                 and self.verify.load is not None)
 
-    def _hit_rate(self) -> float:
-        """The request's pre-draft hit rate, shrunk toward 1/2 while it has few pre-drafts (0 if not overlapped)."""
+    def _hit_rate(self) -> float | None:
+        """The request's pre-draft hit rate, shrunk toward 1/2 while it has few pre-drafts (None if not
+        overlapped)."""
         if not self.plan.overlap:
-            return 0.0
+            return None
         return (self.stats.predraft_hits + PRIOR_PREDRAFTS / 2) / (self.stats.predraft_attempts + PRIOR_PREDRAFTS)
 
     def _gamma(self) -> int:

@@ -5,8 +5,11 @@ A round that drafts γ tokens commits on average E(γ) = (1 - α^(γ+1)) / (1 - 
 call spends outside the services (wire, queueing, the coordinator's own work: W_d, W_v, measured per call).
 With R sessions in the verifier's batch, each feeding γ+1 tokens, the verify pass costs V(R·(γ+1)), where V is
 the verifier's measured pass cost (specdec/step_cost.py); a draft pass over the drafter's R_d sessions costs
-D(R_d). In overlapped mode the rounds whose block was pre-drafted (the request's pre-draft hit rate h) skip the
-draft wait, so the draft part counts (1 - h) times. γ = 0 is plain decoding through the verifier: E = 1 at cost
+D(R_d). A block drafted afresh under load arrives while the verifier runs the other sessions' next pass and waits
+for it: with R > 1 that adds (1 - 1/R)·(V - the draft time) when the pass is the longer. In overlapped mode the
+rounds whose block was pre-drafted (the request's own pre-draft hit rate h) skip both, so they count (1 - h) times:
+a request whose drafts the verifier seldom accepts, and whose verdicts are then seldom guessed, turns to plain
+decoding sooner under load than one whose drafts land. γ = 0 is plain decoding through the verifier: E = 1 at cost
 V(R) + W_v, with no drafter call. The policy picks, within [0, γ_max], the γ with the most tokens per unit time.
 On an idle verifier the fixed cost of a pass dominates and speculation pays; as the batch grows the per-token
 cost takes over, γ shrinks, and at some load plain decoding wins: speculation steps aside. Where that load lies
@@ -14,8 +17,7 @@ follows from the measurements.
 
 What the pass costs do not show is measured too: each round's realized duration is compared with what the
 model predicted for it (RoundTimes), separately for speculative and plain rounds, and each kind's ratio scales
-its predictions. Under load a request that waits for a fresh draft misses the verifier's next batched pass and
-waits for the one after; on shared hardware the drafter takes cores from the verifier. Those costs then count.
+its predictions (e.g. on shared hardware the drafter takes cores from the verifier).
 A kind measured slower than the other is re-timed under the current conditions: once it has not been timed
 for RECHECK_AFTER rounds of the other at a load, the next round there is of that kind, and a kind's new timing
 weighs more the more rounds of the other kind came since its last one. Without it a kind timed while a queue
@@ -146,22 +148,30 @@ class RoundTimes:
         return timed.realized_ns / timed.predicted_ns
 
 
-def round_ns(gamma: int, verify: PassLoad, draft: PassLoad | None, predraft_hit_rate: float = 0.0) -> float:
+def round_ns(gamma: int, verify: PassLoad, draft: PassLoad | None, predraft_hit_rate: float | None = None) -> float:
     """A round's predicted duration: a block of γ drafted tokens (0: a plain step) at the measured costs.
 
-    In overlapped mode a round whose block was pre-drafted during the previous verification (a share
-    predraft_hit_rate of rounds) does not wait for the drafter, so only the other rounds pay the draft time.
+    predraft_hit_rate None: sequential rounds, every block drafted afresh (every other session's too, so the
+    verifier's batch waits for drafts alike). A rate: overlapped rounds, where the rounds whose block was
+    pre-drafted during the previous verification (that share of them) do not wait for the drafter, and the
+    others pay the draft time and, under load, the pass the verifier runs meanwhile for the sessions whose
+    blocks were pre-drafted.
     """
     rows = max(verify.rows, 1.0)
     verify_ns = verify.cost.predict_ns(rows * (gamma + 1)) + verify.call_overhead_ns
     if gamma == 0 or draft is None:
         return verify_ns
-    draft_pass_ns = draft.cost.predict_ns(max(draft.rows, 1.0))
-    return (1.0 - predraft_hit_rate) * (gamma * draft_pass_ns + draft.call_overhead_ns) + verify_ns
+    draft_ns = gamma * draft.cost.predict_ns(max(draft.rows, 1.0)) + draft.call_overhead_ns
+    if predraft_hit_rate is None:
+        return draft_ns + verify_ns
+    # The others' pass starts as this request starts drafting (when the verifier batches others: a share
+    # 1 - 1/rows of its pass); the fresh block waits for its end unless drafting takes longer.
+    others_pass_ns = (1.0 - 1.0 / rows) * max(verify_ns - draft_ns, 0.0)
+    return (1.0 - predraft_hit_rate) * (draft_ns + others_pass_ns) + verify_ns
 
 
 def choose_gamma(alpha: float, max_gamma: int, verify: PassLoad, draft: PassLoad | None,
-                 predraft_hit_rate: float = 0.0, round_times: RoundTimes | None = None) -> int:
+                 predraft_hit_rate: float | None = None, round_times: RoundTimes | None = None) -> int:
     """The γ in [0, max_gamma] with the most expected committed tokens per unit time (0 = plain decoding),
     each kind's predicted round time scaled by its measured slowdown (round_times). When round_times says a
     kind is due for a re-timing, this round is of that kind (the best speculative γ, or 0)."""

@@ -77,6 +77,20 @@ def test_draft_time_hidden_by_predrafts_allows_deeper_blocks():
     assert choose_gamma(0.6, 8, verify, draft, predraft_hit_rate=0.0) == sequential
 
 
+def test_under_load_a_request_whose_verdicts_are_seldom_guessed_turns_to_plain_decoding_first():
+    """Overlapped, 16 sessions per pass: a fresh draft arrives while the verifier runs the pass of the sessions
+    whose blocks were pre-drafted, and waits for it. A request with pre-draft hit rate 0.1 then decodes plainly
+    where one with 0.9 speculates; on an idle verifier there is no such pass and both speculate."""
+    busy, busy_draft = loads(verify_rows=16)
+    assert choose_gamma(0.8, 8, busy, busy_draft, predraft_hit_rate=0.9) > 0
+    assert choose_gamma(0.8, 8, busy, busy_draft, predraft_hit_rate=0.1) == 0
+    assert round_ns(2, busy, busy_draft, 0.1) > round_ns(2, busy, busy_draft, 0.9) > round_ns(2, busy, busy_draft, 1.0)
+    idle, idle_draft = loads(verify_rows=1)
+    assert choose_gamma(0.8, 8, idle, idle_draft, predraft_hit_rate=0.1) > 0
+    draft_wait_ns = round_ns(2, idle, idle_draft, 0.1) - round_ns(2, idle, idle_draft, 1.0)
+    assert draft_wait_ns == pytest.approx(0.9 * 2 * 4 * MS)  # the misses' two draft passes, nothing more
+
+
 def test_the_running_fit_equals_a_least_squares_fit_of_the_window():
     cost = StepCost(30 * MS, 1 * MS, window=8)
     generator = np.random.default_rng(0)
