@@ -17,6 +17,12 @@ METHOD_NAMES = {common_pb2.DRAFT_METHOD_UNSPECIFIED: None, common_pb2.DRAFT_METH
 METHOD_ENUMS = {MODEL: common_pb2.DRAFT_METHOD_MODEL, NGRAM: common_pb2.DRAFT_METHOD_NGRAM}
 
 
+def _after_a_verification(result: object) -> bool:
+    """A session's next Propose follows the verification of what it drafted: never at once, so the model
+    thread does not hold a step back for it (specdec/step_batcher.py)."""
+    return False
+
+
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
     """Thin shell over DraftService; model work runs on one batching worker thread so the event loop stays free."""
 
@@ -40,13 +46,13 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 
     async def Propose(self, request: drafter_pb2.ProposeRequest, context) -> drafter_pb2.ProposeResponse:
         proposal = self._lane_proposal(0, request)
-        results = await self._batcher.submit("propose", request.session_id, [proposal])
+        results = await self._batcher.submit("propose", request.session_id, [proposal], follows=_after_a_verification)
         return _propose_response(results[0])
 
     async def ProposeLanes(self, request: drafter_pb2.ProposeLanesRequest,
                            context) -> drafter_pb2.ProposeLanesResponse:
         proposals = [self._lane_proposal(lane.lane, lane) for lane in request.lanes]
-        results = await self._batcher.submit("propose", request.session_id, proposals)
+        results = await self._batcher.submit("propose", request.session_id, proposals, follows=_after_a_verification)
         return drafter_pb2.ProposeLanesResponse(lanes=[_propose_response(result) for result in results])
 
     def _lane_proposal(self, lane: int, request: drafter_pb2.ProposeRequest | drafter_pb2.LaneProposal) -> LaneProposal:

@@ -6,10 +6,13 @@ of at most `max_batch_size` calls on distinct sessions (a call's first argument 
 through that kind's batch function, which does one model pass for all of them. Sessions thus join and leave the running batch between steps. `max_batch_size` 1 turns
 batching off (one call per step, in arrival order).
 
-In a disaggregated stack every step of a session is a round trip: its next call leaves the coordinator only
-after the previous reply arrived. Taking only what is queued would then let two sessions alternate, one row
-per step. So before a step the worker waits, at most `max_wait_s`, for the sessions it served recently
-(within two step durations) that have not called again yet.
+In a disaggregated stack every step of a session is a round trip: its next call leaves the caller only
+after the previous reply arrived. Taking only what is queued would then split the sessions into groups that
+take turns, each paying a whole pass for part of the batch. So before a step the worker waits, at most
+`max_wait_s`, for the sessions of the last step that are expected back at once. A call says whether its session
+is, given its result (`follows`; a caller that knows, e.g. a coordinator that has the next block drafted only for
+some verdicts, says so); without it every session served is expected back, and a one-off call on a session (its
+close) ends the wait for it.
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ class _Call:
     args: tuple
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    follows: Callable[[Any], bool] | None = None  # given the call's result: is its session's next call on its way?
+
+    @property
+    def session(self) -> object:
+        """The session the call is on (its first argument), or None."""
+        return self.args[0] if self.args else None
 
 
 @dataclass(frozen=True)
@@ -53,8 +62,8 @@ class StepBatchingSettings:
 
     max_batch_size: int = setting(32, "most calls run together in one model step (continuous batching; "
                                         "1 = off: one session per step)")
-    max_batch_wait_ms: float = setting(10.0, "longest a step waits for sessions served in the last steps whose "
-                                             "next call is still on its way (0 = run what is queued)")
+    max_batch_wait_ms: float = setting(10.0, "longest a step waits for sessions of the last step whose next call "
+                                             "is on its way (0 = run what is queued)")
 
 
 class StepBatcher:
@@ -68,17 +77,18 @@ class StepBatcher:
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s if max_batch_size > 1 else 0.0
         self.on_step = on_step  # (kind, calls in the batch), e.g. a batch-size histogram
-        self._recent: dict[object, float] = {}  # session -> when a step last served it (monotonic s)
-        self._step_s = 0.0  # running average of a round's duration
+        self._expected: set[object] = set()  # sessions of the last step whose next call is on its way
+        self._served: set[object] = set()  # ...those of the step running now
         self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, kind: str, *args) -> asyncio.Future:
-        """Queues one call of a batchable kind; the future resolves to its result or raises its error."""
+    def submit(self, kind: str, *args, follows: Callable[[Any], bool] | None = None) -> asyncio.Future:
+        """Queues one call of a batchable kind; the future resolves to its result or raises its error.
+        `follows(result)` says whether the session's next call comes at once (None: it does)."""
         if kind not in self.batch_fns:
             raise KeyError(f"no batch function for {kind!r}")
-        return self._enqueue(kind, None, args)
+        return self._enqueue(kind, None, args, follows)
 
     def run(self, fn: Callable[..., Any], *args) -> asyncio.Future:
         """Queues a one-off call on the worker thread (it runs between batches, never beside one)."""
@@ -90,10 +100,11 @@ class StepBatcher:
         if wait:
             self._thread.join()
 
-    def _enqueue(self, kind: str | None, fn: Callable[..., Any] | None, args: tuple) -> asyncio.Future:
+    def _enqueue(self, kind: str | None, fn: Callable[..., Any] | None, args: tuple,
+                 follows: Callable[[Any], bool] | None = None) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._queue.put(_Call(kind, fn, args, future, loop))
+        self._queue.put(_Call(kind, fn, args, future, loop, follows))
         return future
 
     def _work(self) -> None:
@@ -108,20 +119,22 @@ class StepBatcher:
                     self._queue.put(None)  # stop after this round
                     break
                 calls.append(call)
-            self._wait_for_recent_sessions(calls)
-            started = time.monotonic()
+            self._wait_for_expected_sessions(calls)
+            self._served = set()
             self._run_round(calls)
-            self._step_s += 0.2 * (time.monotonic() - started - self._step_s)
+            self._expected = self._served
 
-    def _wait_for_recent_sessions(self, calls: list[_Call]) -> None:
-        """Adds calls arriving within max_wait_s while sessions served in the last two steps are missing."""
+    def _wait_for_expected_sessions(self, calls: list[_Call]) -> None:
+        """Adds calls arriving within max_wait_s while sessions of the last step that are expected back are
+        missing; a one-off call on a session (e.g. its close) means it is not coming."""
         if self.max_wait_s <= 0 or all(call.kind is None for call in calls):
             return
-        now = time.monotonic()
-        self._recent = {s: seen for s, seen in self._recent.items() if now - seen < 2 * self._step_s + self.max_wait_s}
-        expected = set(self._recent)
-        deadline = now + self.max_wait_s
-        while expected - {call.args[0] for call in calls if call.kind is not None}:
+        missing = set(self._expected)
+        deadline = time.monotonic() + self.max_wait_s
+        while True:
+            missing.difference_update(call.session for call in calls)
+            if not missing:
+                return
             try:
                 call = self._queue.get(timeout=max(deadline - time.monotonic(), 0.0))
             except queue.Empty:
@@ -142,8 +155,7 @@ class StepBatcher:
             if call.kind is not None:
                 by_kind.setdefault(call.kind, []).append(call)
                 continue
-            session = call.args[0] if call.args else None
-            if any(c.args[0] == session for pending in by_kind.values() for c in pending):
+            if any(c.session == call.session for pending in by_kind.values() for c in pending):
                 self._run_batches(by_kind)
                 by_kind = {}
             self._run_one(call)
@@ -162,16 +174,14 @@ class StepBatcher:
         rest: list[_Call] = []
         sessions: set = set()
         for call in pending:
-            if len(batch) < self.max_batch_size and call.args[0] not in sessions:
+            if len(batch) < self.max_batch_size and call.session not in sessions:
                 batch.append(call)
-                sessions.add(call.args[0])
+                sessions.add(call.session)
             else:
                 rest.append(call)
         return batch, rest
 
     def _run_one(self, call: _Call) -> None:
-        if call.args:
-            self._recent.pop(call.args[0], None)  # e.g. a close: do not wait for that session any more
         try:
             result = call.fn(*call.args)
         except Exception as error:  # noqa: BLE001 - handed to the caller
@@ -184,9 +194,9 @@ class StepBatcher:
         except Exception as error:  # noqa: BLE001 - the whole step failed: every call in it gets the error
             log.exception("%s step of %d calls failed", kind, len(batch))
             results = [error] * len(batch)
-        served = time.monotonic()
-        for call in batch:
-            self._recent[call.args[0]] = served
+        for call, result in zip(batch, results):
+            if not isinstance(result, Exception) and (call.follows is None or call.follows(result)):
+                self._served.add(call.session)
         if self.on_step is not None:
             self.on_step(kind, len(batch))
         for call, result in zip(batch, results):

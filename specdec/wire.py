@@ -9,7 +9,7 @@ import torch
 
 from specdec.errors import InvalidFieldError
 from specdec.sampling import SamplingParams
-from specdec.v1 import common_pb2
+from specdec.v1 import common_pb2, verifier_pb2
 
 
 def sampling_from_proto(message: common_pb2.SamplingParams, default_seed: int = 0, prefix: str = "sampling") -> SamplingParams:
@@ -65,3 +65,11 @@ def check_token_ids(token_ids: Sequence[int], vocab_size: int, field: str, allow
     if bad is not None:
         raise InvalidFieldError(field, f"token id {bad} is outside the vocabulary [0, {vocab_size})")
     return ids
+
+
+def follows_at_once(hint: verifier_pb2.NextCallHint, num_accepted: int, next_token: int) -> bool:
+    """Whether a Verify caller's next round follows the verdict (accepted count, next token) at once, by the
+    hint its request carried."""
+    return hint.after_any_verdict or any(
+        guess.num_accepted == num_accepted and (not guess.HasField("next_token_id") or guess.next_token_id == next_token)
+        for guess in hint.after_verdicts)

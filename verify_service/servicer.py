@@ -12,8 +12,13 @@ from collections.abc import Callable
 from specdec.errors import DownstreamUnavailableError
 from specdec.step_batcher import StepBatcher
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
-from specdec.wire import check_token_ids, probs_from_proto, sampling_from_proto
+from specdec.wire import check_token_ids, follows_at_once, probs_from_proto, sampling_from_proto
 from verify_service.service import OPEN, VERIFY, VerifyService
+
+
+def _round_follows(hint: verifier_pb2.NextCallHint) -> Callable[[tuple], bool]:
+    """For the batcher: whether the caller's next round follows a round's result (verdict, timing, length) at once."""
+    return lambda result: follows_at_once(hint, result[0].num_accepted, result[0].next_token)
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
@@ -36,13 +41,14 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         """The tensor-parallel group failed: wake the calls waiting on it."""
         self._ranks_failed.set()
 
-    async def _run(self, kind_or_fn: str | Callable, *args):
-        """Runs a batchable kind ("step") or a one-off function on the model thread."""
+    async def _run(self, kind_or_fn: str | Callable, *args, follows: Callable | None = None):
+        """Runs a batchable kind ("step") or a one-off function on the model thread; `follows(result)`: whether
+        the session's next call comes at once (specdec/step_batcher.py)."""
         ranks = self.service.ranks
         if ranks is not None:
             ranks.raise_if_failed()
         if isinstance(kind_or_fn, str):
-            work = self._batcher.submit(kind_or_fn, *args)
+            work = self._batcher.submit(kind_or_fn, *args, follows=follows)
         else:
             work = self._batcher.run(kind_or_fn, *args)
         if ranks is None:
@@ -73,8 +79,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         vocab_size = self.service.model.vocab_size
         drafts = check_token_ids(request.draft_token_ids, vocab_size, "draft_token_ids", allow_empty=True)
         probs = probs_from_proto(request.draft_probs, len(drafts), vocab_size)
+        follows = _round_follows(request.next_call) if request.HasField("next_call") else None
         verdict, timing, session_len = await self._run("step", request.session_id, VERIFY,
-                                                       request.base_len, drafts, probs)
+                                                       request.base_len, drafts, probs, follows=follows)
         return verifier_pb2.VerifyResponse(accepted_token_ids=verdict.accepted_tokens, next_token_id=verdict.next_token,
                                            is_bonus=verdict.is_bonus, session_len=session_len,
                                            forward_ns=timing.forward_ns, sampling_ns=timing.sampling_ns,

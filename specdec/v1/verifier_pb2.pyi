@@ -26,16 +26,34 @@ class OpenVerifySessionResponse(_message.Message):
     def __init__(self, session_len: _Optional[int] = ..., prefill_ns: _Optional[int] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "base_len", "draft_token_ids", "draft_probs")
+    __slots__ = ("session_id", "base_len", "draft_token_ids", "draft_probs", "next_call")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     BASE_LEN_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CALL_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     base_len: int
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_probs: _common_pb2.ProbabilityMatrix
-    def __init__(self, session_id: _Optional[str] = ..., base_len: _Optional[int] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Union[_common_pb2.ProbabilityMatrix, _Mapping]] = ...) -> None: ...
+    next_call: NextCallHint
+    def __init__(self, session_id: _Optional[str] = ..., base_len: _Optional[int] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Union[_common_pb2.ProbabilityMatrix, _Mapping]] = ..., next_call: _Optional[_Union[NextCallHint, _Mapping]] = ...) -> None: ...
+
+class NextCallHint(_message.Message):
+    __slots__ = ("after_any_verdict", "after_verdicts")
+    AFTER_ANY_VERDICT_FIELD_NUMBER: _ClassVar[int]
+    AFTER_VERDICTS_FIELD_NUMBER: _ClassVar[int]
+    after_any_verdict: bool
+    after_verdicts: _containers.RepeatedCompositeFieldContainer[GuessedVerdict]
+    def __init__(self, after_any_verdict: _Optional[bool] = ..., after_verdicts: _Optional[_Iterable[_Union[GuessedVerdict, _Mapping]]] = ...) -> None: ...
+
+class GuessedVerdict(_message.Message):
+    __slots__ = ("num_accepted", "next_token_id")
+    NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    num_accepted: int
+    next_token_id: int
+    def __init__(self, num_accepted: _Optional[int] = ..., next_token_id: _Optional[int] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
     __slots__ = ("accepted_token_ids", "next_token_id", "is_bonus", "session_len", "forward_ns", "sampling_ns", "batch_rows", "batch_tokens")

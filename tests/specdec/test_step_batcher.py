@@ -89,3 +89,52 @@ def test_one_off_calls_and_a_failing_step():
     batcher.close()
     with pytest.raises(ValueError, match="max_batch_size"):
         StepBatcher({}, max_batch_size=0, name="test")
+
+
+def sessions_per_batch(recorder: Recorder) -> list[list[str]]:
+    return [[args[0] for args in batch] for batch in recorder.batches]
+
+
+async def second_round(batcher: StepBatcher, follows, late_s: float) -> None:
+    """Sessions a and b share a step; then a calls again at once and b only after late_s."""
+    await asyncio.gather(batcher.submit("step", "a", 1, follows=follows),
+                         batcher.submit("step", "b", 2, follows=follows))
+    again = batcher.submit("step", "a", 3)
+    await asyncio.sleep(late_s)
+    await asyncio.gather(again, batcher.submit("step", "b", 4))
+
+
+def test_a_step_waits_for_the_sessions_of_the_last_step_that_are_on_their_way():
+    recorder = Recorder()
+    recorder.release.set()
+    batcher = StepBatcher({"step": recorder}, max_batch_size=8, name="test", max_wait_s=1.0)
+    run(second_round(batcher, None, late_s=0.2))
+    batcher.close()
+    assert sessions_per_batch(recorder)[-1] == ["a", "b"]  # a's step waited for b instead of running alone
+
+
+def test_a_session_whose_result_says_its_next_call_is_not_coming_at_once_is_not_waited_for():
+    recorder = Recorder()
+    recorder.release.set()
+    batcher = StepBatcher({"step": recorder}, max_batch_size=8, name="test", max_wait_s=1.0)
+    run(second_round(batcher, lambda result: result < 20, late_s=0.2))  # a's result 10: yes; b's 20: no
+    batcher.close()
+    assert sessions_per_batch(recorder)[-2:] == [["a"], ["b"]]
+
+
+def test_a_one_off_call_on_a_session_ends_the_wait_for_it():
+    recorder = Recorder()
+    recorder.release.set()
+    batcher = StepBatcher({"step": recorder}, max_batch_size=8, name="test", max_wait_s=1.0)
+
+    async def main():
+        await asyncio.gather(batcher.submit("step", "a", 1), batcher.submit("step", "b", 2))
+        again = batcher.submit("step", "a", 3)
+        closed = batcher.run(lambda session: f"closed {session}", "b")  # b ends instead of calling again
+        assert await closed == "closed b"
+        await asyncio.sleep(0.2)
+        await asyncio.gather(again, batcher.submit("step", "c", 4))
+
+    run(main())
+    batcher.close()
+    assert sessions_per_batch(recorder)[-2:] == [["a"], ["c"]]  # no step waited for b after its close
