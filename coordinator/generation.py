@@ -35,7 +35,8 @@ from opentelemetry.context import Context
 from coordinator.predraft import DraftLane, Guess, VerdictHistory, assign_lanes, guesses
 from coordinator.replicas import Replica
 from coordinator.request_telemetry import RemoteCall, RequestTelemetry
-from coordinator.speculation_policy import AcceptanceRate, RoundTimes, affordable_guesses, choose_gamma, round_ns
+from coordinator.speculation_policy import (AcceptanceRate, RoundTimes, affordable_guesses, choose_gamma,
+                                           fresh_draft_pays, round_ns)
 from coordinator.text_stream import Chunk, TextStream
 from specdec.errors import DownstreamUnavailableError
 from specdec.sampling import SamplingParams
@@ -140,6 +141,19 @@ class LaneCall:
     lane: DraftLane
     sequence: list[int]
     num_tokens: int
+
+
+@dataclass
+class Predraft:
+    """The next block being drafted under guessed verdicts of the current one, and what follows a verdict that
+    matches none of them: a block drafted afresh, or (plain_on_miss) a plain step at once."""
+
+    future: asyncio.Future  # -> [(guess, the block drafted under it)]
+    guesses: list[Guess]
+    plain_on_miss: bool
+
+    def cancel(self) -> None:
+        self.future.cancel()
 
 
 class Generation:
@@ -347,11 +361,14 @@ class Generation:
         [block] = await self._propose([LaneCall(lane, list(self.committed), num_tokens)], round_span)
         return block
 
-    def _start_predraft(self, block: DraftBlock, round_span: Context) -> asyncio.Future | None:
-        """Drafts the next block under guessed verdicts of `block`, one lane each, while it is verified."""
-        if not self.plan.overlap or self.draft is None or not block.token_ids:
+    def _start_predraft(self, block: DraftBlock, round_span: Context) -> Predraft | None:
+        """Drafts the next block under guessed verdicts of `block`, one lane each, while it is verified. A plain
+        step (no drafted tokens) is pre-drafted under one guess: that the verifier's token is the draft's own."""
+        if not self.plan.overlap or self.draft is None:
             return None
         gamma = self._gamma()
+        if gamma == 0:
+            return None
         candidates = guesses(block.token_ids, block.alternatives, self.plan.ranked_alternatives)
         ranked = self.verdicts.rank(candidates)[:len(self.lanes)]
         verify_load, draft_load = self.verify.load, self.draft.load
@@ -375,15 +392,38 @@ class Generation:
             blocks = await self._propose([call for _, call in calls], round_span, predraft=True)
             return [(guess, drafted) for (guess, _), drafted in zip(calls, blocks)]
 
-        return asyncio.ensure_future(predraft())
+        return Predraft(asyncio.ensure_future(predraft()), [guess for guess, _ in calls],
+                        plain_on_miss=not self._fresh_draft_pays(gamma))
 
-    async def _take_predraft(self, predraft: asyncio.Future | None,
+    def _fresh_draft_pays(self, gamma: int) -> bool:
+        """Whether a verdict that no pre-draft guessed should be followed by a block drafted afresh (else by a
+        plain step at once); without adaptive γ it always is."""
+        if not self._adaptive():
+            return True
+        alpha = self.acceptance.for_request(self._judged, self.stats.accepted)
+        return fresh_draft_pays(alpha, gamma, self.verify.load, self.draft.load, self.round_times)
+
+    def _next_call_hint(self, block: DraftBlock, predraft: Predraft | None) -> verifier_pb2.NextCallHint:
+        """The verdicts of this round after which the next round follows at once, told to the verifier so that its
+        next pass waits for this session (and only then): any verdict when the request has no drafter or when a
+        miss turns plain (_rounds); the guesses of the pre-draft otherwise, advice only, since a verdict that
+        matches a guess may still find its pre-drafted block unusable; without a pre-draft, any after a plain step
+        in overlapped mode (γ is 0, so the next round is most likely plain too) and none otherwise."""
+        if self.draft is None or (predraft is not None and predraft.plain_on_miss):
+            return verifier_pb2.NextCallHint(after_any_verdict=True)
+        if predraft is None:
+            return verifier_pb2.NextCallHint(after_any_verdict=self.plan.overlap and not block.token_ids)
+        return verifier_pb2.NextCallHint(after_verdicts=[
+            verifier_pb2.GuessedVerdict(num_accepted=guess.accepted, next_token_id=guess.next_token)
+            for guess in predraft.guesses])
+
+    async def _take_predraft(self, predraft: Predraft | None,
                              verdict: verifier_pb2.VerifyResponse) -> DraftBlock | None:
-        """The pre-drafted next block of the guess the verdict selects, else None (draft afresh)."""
+        """The pre-drafted next block of the guess the verdict selects, else None."""
         if predraft is None:
             return None
         accepted = len(verdict.accepted_token_ids)
-        for guess, drafted in await predraft:
+        for guess, drafted in await predraft.future:
             if guess.matches(accepted, verdict.next_token_id, drafted.token_ids):
                 self.stats.predraft_hits += 1
                 self.metrics.predraft_hits.inc()
@@ -391,12 +431,13 @@ class Generation:
                 return block if block.token_ids else None
         return None
 
-    async def _verify(self, block: DraftBlock, round_span: Context) -> verifier_pb2.VerifyResponse:
+    async def _verify(self, block: DraftBlock, round_span: Context, next_call: verifier_pb2.NextCallHint
+                      ) -> verifier_pb2.VerifyResponse:
         with self.telemetry.remote_call("verify", round_span, base_len=len(self.committed),
                                         num_tokens=len(block.token_ids)) as call:
             reply = await self._call(self.verify, "Verify", verifier_pb2.VerifyRequest(
                 session_id=self.plan.request_id, base_len=len(self.committed), draft_token_ids=block.token_ids,
-                draft_probs=block.probs))
+                draft_probs=block.probs, next_call=next_call))
             call.inside("verify.forward", "verify", reply.forward_ns)
             call.inside("verify.sampling", "verify", reply.sampling_ns)
         self._count_call("verify", call, verify=reply.forward_ns, sampling=reply.sampling_ns)
@@ -430,8 +471,9 @@ class Generation:
                 if block is None:
                     block = await self._sync_and_propose(round_span)
                 predraft = self._start_predraft(block, round_span)
+                next_call = self._next_call_hint(block, predraft)
                 try:
-                    verdict = await self._verify(block, round_span)
+                    verdict = await self._verify(block, round_span, next_call)
                 except BaseException:
                     if predraft is not None:
                         predraft.cancel()
@@ -442,9 +484,11 @@ class Generation:
                 if finished and predraft is not None:
                     # Not needed: cancelled before the last chunk (and its stats) go out, so neither counts it.
                     predraft.cancel()
-                    await asyncio.gather(predraft, return_exceptions=True)
+                    await asyncio.gather(predraft.future, return_exceptions=True)
                 yield chunk
                 if finished:
                     return
                 waiting_since = time.perf_counter_ns()
                 block = await self._take_predraft(predraft, verdict)
+                if block is None and predraft is not None and predraft.plain_on_miss:
+                    block = DraftBlock([], None)  # a plain step at once, the next block pre-drafted meanwhile

@@ -195,6 +195,20 @@ def choose_gamma(alpha: float, max_gamma: int, verify: PassLoad, draft: PassLoad
     return best_gamma
 
 
+def fresh_draft_pays(alpha: float, gamma: int, verify: PassLoad, draft: PassLoad,
+                     round_times: RoundTimes | None = None) -> bool:
+    """After a verdict no pre-draft guessed (overlapped mode): whether drafting a γ block afresh returns more
+    tokens per unit time than a plain step at once. The fresh block pays the draft time and, under load, the pass
+    the verifier runs meanwhile for the sessions whose blocks were pre-drafted; the plain step rides that pass.
+    On an idle verifier drafting afresh pays; as the batch grows the plain step takes over."""
+    def slowdown(speculative: bool) -> float:
+        return round_times.slowdown(speculative, verify.rows) if round_times is not None else 1.0
+
+    fresh_ns = round_ns(gamma, verify, draft, predraft_hit_rate=0.0) * slowdown(True)
+    plain_ns = round_ns(0, verify, draft) * slowdown(False)
+    return expected_tokens(alpha, gamma) / max(fresh_ns, 1.0) > 1.0 / max(plain_ns, 1.0)
+
+
 def affordable_guesses(max_guesses: int, draft_steps: int, verify_tokens: float, verify: PassLoad,
                        draft: PassLoad) -> int:
     """How many guessed verdicts to pre-draft (at least 1, at most max_guesses): the most whose pre-draft,

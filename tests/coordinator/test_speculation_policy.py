@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from coordinator.speculation_policy import (MIN_TIMED_ROUNDS, RECHECK_AFTER, AcceptanceRate, PassLoad, RoundTimes,
-                                           choose_gamma, expected_tokens, round_ns)
+                                           choose_gamma, expected_tokens, fresh_draft_pays, round_ns)
 from specdec.step_cost import StepCost
 
 MS = 1e6
@@ -149,3 +149,10 @@ def test_a_kind_left_untimed_at_a_load_gets_a_round_there_to_be_timed_again():
         times.observe(True, 16, speculative_ns, speculative_ns)
     assert times.claim_recheck(16) is False and times.claim_recheck(16) is None
     assert times.claim_recheck(1) is None, "other loads keep their own counts"
+
+
+def test_after_an_unguessed_verdict_an_idle_verifier_drafts_afresh_and_a_busy_one_takes_a_plain_step():
+    # idle: a fresh block costs the draft time and one pass; loaded: also the pass run meanwhile for the others
+    assert fresh_draft_pays(0.6, 4, *loads(verify_rows=1))
+    assert not fresh_draft_pays(0.6, 4, *loads(verify_rows=16))
+    assert not fresh_draft_pays(0.05, 4, *loads(verify_rows=1))  # a draft that seldom lands is not worth a wait
