@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from transformers import PreTrainedTokenizerBase
 
 from coordinator.generation import Generation, GenerationPlan, RequestStats
+from coordinator.read_ahead import read_ahead
 from coordinator.replicas import ReplicaPool
 from coordinator.request_guard import GuardedRequest, RequestGuard
 from coordinator.request_telemetry import RequestTelemetry
@@ -53,7 +54,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         telemetry = RequestTelemetry()  # TTFT counts from here
         plan = plan_request(request, self.settings, self.tokenizer, self.vocab_size)
         async with self.guard.admit(request, plan) as guarded:  # coordinator/request_guard.py
-            async for reply in guarded.replies(self._generate(request, guarded, telemetry)):
+            # the rounds run ahead of the journal and client writes of their chunks (coordinator/read_ahead.py)
+            async for reply in guarded.replies(read_ahead(self._generate(request, guarded, telemetry))):
                 yield reply
 
     async def _generate(self, request: coordinator_pb2.GenerateRequest, guarded: GuardedRequest,
