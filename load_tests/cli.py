@@ -69,7 +69,7 @@ def parser() -> argparse.ArgumentParser:
                       help=f"prompt sets among {','.join(PROMPT_SETS)} [code,grounded]")
     load.add_argument("--modes", type=_csv(str), default=MODES, help="spec and/or plain [spec,plain]")
     load.add_argument("--requests", type=int, default=0,
-                      help="requests per level; 0 = max(8, 4 x concurrency), or ~20 s of arrivals for a rate [0]")
+                      help="requests per level; 0 = max(16, 6 x concurrency), or ~20 s of arrivals for a rate [0]")
     load.add_argument("--duration-s", type=float, default=120.0,
                       help="no request of a level starts after this many seconds [120]")
     load.add_argument("--max-new-tokens", type=int, default=128)

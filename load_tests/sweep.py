@@ -68,7 +68,7 @@ class SweepConfig:
     rates: tuple[float, ...] = ()
     prompt_sets: tuple[str, ...] = ("code", "grounded")
     modes: tuple[str, ...] = MODES
-    requests: int = 0  # per level; 0 = auto (closed loop: max(8, 4 x concurrency); open loop: ~20 s of arrivals)
+    requests: int = 0  # per level; 0 = auto (closed loop: max(16, 6 x concurrency); open loop: ~20 s of arrivals)
     duration_s: float = 120.0
     max_new_tokens: int = 128
     num_speculative_tokens: int | None = None  # γ of the spec mode; None = the server's default
@@ -82,7 +82,8 @@ class SweepConfig:
         if self.requests > 0:
             return self.requests
         if load.kind == "concurrency":
-            return max(8, 4 * int(load.value))
+            # six waves: the level's ramp-down (fewer requests in flight than its concurrency) weighs little
+            return max(16, 6 * int(load.value))
         return max(8, math.ceil(20 * load.value))
 
     def plan(self) -> list[LevelPlan]:

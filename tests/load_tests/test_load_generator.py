@@ -111,7 +111,7 @@ def test_plan_interleaves_modes_and_sizes_levels():
     assert [(lv.load, lv.prompt_set, lv.mode) for lv in plan[:4]] == [
         (Load("concurrency", 1), "code", "spec"), (Load("concurrency", 1), "code", "plain"),
         (Load("concurrency", 1), "grounded", "plain"), (Load("concurrency", 1), "grounded", "spec")]
-    assert [lv.requests for lv in plan] == [8] * 4 + [16] * 4 + [10] * 4
+    assert [lv.requests for lv in plan] == [16] * 4 + [24] * 4 + [10] * 4
     assert plan[-1].level_id == "r0.5-grounded-spec" and plan[-1].pair == plan[-2].pair
 
 
