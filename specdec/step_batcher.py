@@ -62,7 +62,7 @@ class StepBatchingSettings:
 
     max_batch_size: int = setting(32, "most calls run together in one model step (continuous batching; "
                                         "1 = off: one session per step)")
-    max_batch_wait_ms: float = setting(10.0, "longest a step waits for sessions of the last step whose next call "
+    max_batch_wait_ms: float = setting(20.0, "longest a step waits for sessions of the last step whose next call "
                                              "is on its way (0 = run what is queued)")
 
 
