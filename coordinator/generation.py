@@ -289,6 +289,10 @@ class Generation:
         return (self.acceptance is not None and self.draft is not None and self.draft.load is not None
                 and self.verify.load is not None)
 
+    def _alpha(self) -> float:
+        """The request's acceptance rate as the policy counts it (adaptive γ only)."""
+        return self.acceptance.for_request(self._judged, self.stats.accepted)
+
     def _hit_rate(self) -> float | None:
         """The request's pre-draft hit rate, shrunk toward 1/2 while it has few pre-drafts (None if not
         overlapped)."""
@@ -300,8 +304,7 @@ class Generation:
         """The next block's γ: plan.gamma, or with adaptive γ the policy's choice within [0, plan.gamma]."""
         if not self._adaptive():
             return self.plan.gamma
-        alpha = self.acceptance.for_request(self._judged, self.stats.accepted)
-        return choose_gamma(alpha, self.plan.gamma, self.verify.load, self.draft.load, self._hit_rate(),
+        return choose_gamma(self._alpha(), self.plan.gamma, self.verify.load, self.draft.load, self._hit_rate(),
                             self.round_times)
 
     def _time_round(self, drafted: int, started_ns: int) -> None:
@@ -400,8 +403,7 @@ class Generation:
         plain step at once); without adaptive γ it always is."""
         if not self._adaptive():
             return True
-        alpha = self.acceptance.for_request(self._judged, self.stats.accepted)
-        return fresh_draft_pays(alpha, gamma, self.verify.load, self.draft.load, self.round_times)
+        return fresh_draft_pays(self._alpha(), gamma, self.verify.load, self.draft.load, self.round_times)
 
     def _next_call_hint(self, block: DraftBlock, predraft: Predraft | None) -> verifier_pb2.NextCallHint:
         """The verdicts of this round after which the next round follows at once, told to the verifier so that its
