@@ -27,6 +27,10 @@ def run(coroutine):
     return asyncio.run(asyncio.wait_for(coroutine, 10))
 
 
+def sessions_per_batch(recorder: Recorder) -> list[list[str]]:
+    return [[args[0] for args in batch] for batch in recorder.batches]
+
+
 async def queued_behind_a_held_step(batcher: StepBatcher, recorder: Recorder, calls: list[tuple]):
     """Sends one call, then `calls` while it is held, then lets everything run; returns all outcomes."""
     first = batcher.submit("step", "first", 1)
@@ -52,7 +56,7 @@ def test_batches_hold_one_call_per_session_and_respect_the_size_limit():
     outcomes = run(queued_behind_a_held_step(batcher, recorder, calls))
     batcher.close()
     assert outcomes == [10, 10, 20, 30, 40]
-    assert [[args[0] for args in batch] for batch in recorder.batches] == [["first"], ["a", "b"], ["a", "c"]]
+    assert sessions_per_batch(recorder) == [["first"], ["a", "b"], ["a", "c"]]
     assert [args[1] for args in recorder.batches[2] if args[0] == "a"] == [2]  # a session's calls keep their order
 
 
@@ -91,8 +95,11 @@ def test_one_off_calls_and_a_failing_step():
         StepBatcher({}, max_batch_size=0, name="test")
 
 
-def sessions_per_batch(recorder: Recorder) -> list[list[str]]:
-    return [[args[0] for args in batch] for batch in recorder.batches]
+def waiting_batcher() -> tuple[Recorder, StepBatcher]:
+    """A batcher whose steps run at once and wait up to 1 s for the sessions expected back."""
+    recorder = Recorder()
+    recorder.release.set()
+    return recorder, StepBatcher({"step": recorder}, max_batch_size=8, name="test", max_wait_s=1.0)
 
 
 async def second_round(batcher: StepBatcher, follows, late_s: float) -> None:
@@ -105,27 +112,21 @@ async def second_round(batcher: StepBatcher, follows, late_s: float) -> None:
 
 
 def test_a_step_waits_for_the_sessions_of_the_last_step_that_are_on_their_way():
-    recorder = Recorder()
-    recorder.release.set()
-    batcher = StepBatcher({"step": recorder}, max_batch_size=8, name="test", max_wait_s=1.0)
+    recorder, batcher = waiting_batcher()
     run(second_round(batcher, None, late_s=0.2))
     batcher.close()
     assert sessions_per_batch(recorder)[-1] == ["a", "b"]  # a's step waited for b instead of running alone
 
 
 def test_a_session_whose_result_says_its_next_call_is_not_coming_at_once_is_not_waited_for():
-    recorder = Recorder()
-    recorder.release.set()
-    batcher = StepBatcher({"step": recorder}, max_batch_size=8, name="test", max_wait_s=1.0)
+    recorder, batcher = waiting_batcher()
     run(second_round(batcher, lambda result: result < 20, late_s=0.2))  # a's result 10: yes; b's 20: no
     batcher.close()
     assert sessions_per_batch(recorder)[-2:] == [["a"], ["b"]]
 
 
 def test_a_one_off_call_on_a_session_ends_the_wait_for_it():
-    recorder = Recorder()
-    recorder.release.set()
-    batcher = StepBatcher({"step": recorder}, max_batch_size=8, name="test", max_wait_s=1.0)
+    recorder, batcher = waiting_batcher()
 
     async def main():
         await asyncio.gather(batcher.submit("step", "a", 1), batcher.submit("step", "b", 2))
