@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.kv_session import KVSession, PlannedForward, run_forwards
-from specdec.sampling import SamplingParams, Stream, logits_to_probs, row_problems, sample_token
+from specdec.sampling import SamplingParams, Stream, logits_to_probs, row_maxima, sample_token
 from specdec.step_batcher import only_result
 
 
@@ -59,7 +59,7 @@ class DraftJob:
 def next_tokens(jobs: Sequence[DraftJob], logits: Sequence[torch.Tensor]) -> list[int | Exception]:
     """Adds every job's next token, drawn from its logits row [V]; returns the tokens or the error of a job.
 
-    Greedy jobs are served together, one argmax and one top-k over their stacked rows, as logits_to_probs and
+    Greedy jobs are served together, one max and one top-k over their stacked rows, as logits_to_probs and
     sample_token would pick one by one (the argmax, first index on ties); in a large batch of short steps the
     per-row work would otherwise outweigh the model pass. A row with NaN or +inf, or no allowed token, goes
     the one-by-one way, which reports it. Sampled jobs draw one by one from their own random streams.
@@ -68,9 +68,9 @@ def next_tokens(jobs: Sequence[DraftJob], logits: Sequence[torch.Tensor]) -> lis
     greedy = [index for index, job in enumerate(jobs) if job.params.greedy]
     if greedy:
         stacked = torch.stack([logits[index] for index in greedy]).float()  # [G, V]
-        non_finite, blocked = row_problems(stacked)  # [G] each
-        usable = (~(non_finite | blocked)).tolist()  # [G]
-        picked = stacked.argmax(dim=-1).tolist()  # [G]
+        largest, first_largest = row_maxima(stacked)  # [G] each
+        usable = largest.isfinite().tolist()  # [G]
+        picked = first_largest.tolist()  # [G]
         width = min(max(jobs[index].num_alternatives for index in greedy) + 1, stacked.shape[-1])
         ranked = stacked.topk(width, dim=-1).indices.tolist() if width > 1 else [[] for _ in greedy]  # [G, width]
         for row, index in enumerate(greedy):

@@ -65,9 +65,21 @@ class NonFiniteLogitsError(ValueError):
     """Logits contain NaN or +inf, or a row allows no token at all."""
 
 
-def row_problems(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row of float logits [..., V]: (holds NaN or +inf, allows no token at all: every logit -inf), each [...]."""
-    return (logits.isnan() | logits.isposinf()).any(dim=-1), (logits == -math.inf).all(dim=-1)
+def row_maxima(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of float logits [..., V]: (its largest logit, the first index holding it), each [...].
+
+    The largest logit is finite exactly when the row holds no NaN (max propagates it) and no +inf and allows
+    some token (not every logit -inf): one pass over the logits checks them and finds the greedy token.
+    """
+    return logits.max(dim=-1)
+
+
+def raise_for_bad_rows(logits: torch.Tensor) -> None:
+    """Raises NonFiniteLogitsError for logits [..., V] with NaN or +inf, or a row that allows no token."""
+    if (logits.isnan() | logits.isposinf()).any():
+        raise NonFiniteLogitsError("logits contain NaN or +inf")
+    if (logits == -math.inf).all(dim=-1).any():
+        raise NonFiniteLogitsError("a row of logits is all -inf, so no token is possible")
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -81,17 +93,15 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     if logits.ndim == 0 or logits.shape[-1] == 0:
         raise ValueError(f"logits must have shape [..., V] with V >= 1, got {list(logits.shape)}")
     logits = logits.float()
-    non_finite, blocked = row_problems(logits)
-    if non_finite.any():
-        raise NonFiniteLogitsError("logits contain NaN or +inf")
-    if blocked.any():
-        raise NonFiniteLogitsError("a row of logits is all -inf, so no token is possible")
+    largest, first_largest = row_maxima(logits)  # [...] each
+    if not largest.isfinite().all():
+        raise_for_bad_rows(logits)
     vocab = logits.shape[-1]
     if params.greedy:
-        return F.one_hot(logits.argmax(dim=-1), vocab).float()
+        return F.one_hot(first_largest, vocab).float()
 
     # Shift the max to 0 first: a tiny temperature then sends the others to -inf instead of the max to +inf.
-    logits = (logits - logits.amax(dim=-1, keepdim=True)) / params.temperature
+    logits = (logits - largest.unsqueeze(-1)) / params.temperature
     if 0 < params.top_k < vocab:
         kth_largest = logits.topk(params.top_k, dim=-1).values[..., -1:]  # [..., 1]
         logits = logits.masked_fill(logits < kth_largest, -math.inf)
