@@ -74,7 +74,7 @@ def row_maxima(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return logits.max(dim=-1)
 
 
-def raise_for_bad_rows(logits: torch.Tensor) -> None:
+def _raise_for_bad_rows(logits: torch.Tensor) -> None:
     """Raises NonFiniteLogitsError for logits [..., V] with NaN or +inf, or a row that allows no token."""
     if (logits.isnan() | logits.isposinf()).any():
         raise NonFiniteLogitsError("logits contain NaN or +inf")
@@ -95,7 +95,7 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     logits = logits.float()
     largest, first_largest = row_maxima(logits)  # [...] each
     if not largest.isfinite().all():
-        raise_for_bad_rows(logits)
+        _raise_for_bad_rows(logits)
     vocab = logits.shape[-1]
     if params.greedy:
         return F.one_hot(first_largest, vocab).float()
