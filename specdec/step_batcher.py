@@ -13,6 +13,12 @@ take turns, each paying a whole pass for part of the batch. So before a step the
 is, given its result (`follows`; a caller that knows, e.g. a coordinator that has the next block drafted only for
 some verdicts, says so); without it every session served is expected back, and a one-off call on a session (its
 close) ends the wait for it.
+
+A caller may also queue a *follow-up*: the session's next call, decided by the result of the call before it
+(e.g. a next round drafted under guesses of a verdict not known yet). The worker holds it until that call has
+run, then asks it which call to make (`choose`); the chosen call joins the next step at once, without waiting
+for a round trip to the caller and back. A follow-up that overtook the call it follows (its choice says NOT_YET)
+waits for the session's next call to run.
 """
 
 from __future__ import annotations
@@ -30,8 +36,21 @@ from specdec.settings import setting
 
 log = logging.getLogger(__name__)
 
-BatchFn = Callable[[Sequence[tuple]], Sequence[Any]]  # argument tuples -> per call a result or an Exception
 T = TypeVar("T")
+
+
+class NotYet:
+    """A follow-up's choice while the call it follows has not run yet: decide again after the session's next call."""
+
+    def __repr__(self) -> str:
+        return "NOT_YET"
+
+
+NOT_YET = NotYet()
+BatchFn = Callable[[Sequence[tuple]], Sequence[Any]]  # argument tuples -> per call a result or an Exception
+# Given the result (or Exception; None if there is none) of the session's last batchable call: (a tag, the
+# argument tuple of the call to run), None to run nothing, or NOT_YET.
+FollowUpChoice = Callable[[Any], tuple[Any, tuple] | None | NotYet]
 
 
 def only_result(results: Sequence[T | Exception]) -> T:
@@ -49,6 +68,9 @@ class _Call:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     follows: Callable[[Any], bool] | None = None  # given the call's result: is its session's next call on its way?
+    choose: FollowUpChoice | None = None  # set on a follow-up: decides the call to run once the previous one ran
+    tag: Any = None  # a call chosen by a follow-up: its future resolves to (tag, result)
+    tagged: bool = False
 
     @property
     def session(self) -> object:
@@ -79,6 +101,9 @@ class StepBatcher:
         self.on_step = on_step  # (kind, calls in the batch), e.g. a batch-size histogram
         self._expected: set[object] = set()  # sessions of the last step whose next call is on its way
         self._served: set[object] = set()  # ...those of the step running now
+        self._last_results: dict[object, Any] = {}  # per session the result of its last batchable call
+        self._chosen: list[_Call] = []  # calls chosen by follow-ups, for the next step
+        self._held: dict[object, list[_Call]] = {}  # per session the follow-ups waiting for a call of it to run
         self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
@@ -89,6 +114,18 @@ class StepBatcher:
         if kind not in self.batch_fns:
             raise KeyError(f"no batch function for {kind!r}")
         return self._enqueue(kind, None, args, follows)
+
+    def submit_follow_up(self, kind: str, session: object, choose: FollowUpChoice,
+                         follows: Callable[[Any], bool] | None = None) -> asyncio.Future:
+        """Queues the session's next call of `kind`, decided once the call before it has run: `choose(result)`
+        gives (tag, args) of the call to run in the next step (args[0] is the session), None for none, or NOT_YET to
+        wait for the session's next call. The future resolves to (tag, that call's result) or None."""
+        if kind not in self.batch_fns:
+            raise KeyError(f"no batch function for {kind!r}")
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._queue.put(_Call(kind, None, (session,), future, loop, follows, choose))
+        return future
 
     def run(self, fn: Callable[..., Any], *args) -> asyncio.Future:
         """Queues a one-off call on the worker thread (it runs between batches, never beside one)."""
@@ -109,16 +146,20 @@ class StepBatcher:
 
     def _work(self) -> None:
         while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            calls = [first]
+            chosen, self._chosen = self._chosen, []  # they queue behind the calls that arrived before them
+            calls = []
+            if not chosen:
+                first = self._queue.get()
+                if first is None:
+                    return
+                calls.append(first)
             while not self._queue.empty():
                 call = self._queue.get_nowait()
                 if call is None:
                     self._queue.put(None)  # stop after this round
                     break
                 calls.append(call)
+            calls.extend(chosen)
             self._wait_for_expected_sessions(calls)
             self._served = set()
             self._run_round(calls)
@@ -147,10 +188,17 @@ class StepBatcher:
     def _run_round(self, calls: list[_Call]) -> None:
         """Runs one drain's calls. Batchable calls wait to be batched, except that a one-off call on a session
         (e.g. its close) first runs the batches holding that session's earlier calls, so no call overtakes
-        an earlier one on the same session."""
+        an earlier one on the same session. A follow-up whose session has an earlier call here is held until
+        that call has run; the others are decided now."""
         by_kind: dict[str, list[_Call]] = {}
         for call in calls:
             if call.future.cancelled():
+                continue
+            if call.choose is not None:
+                if any(c.session == call.session for pending in by_kind.values() for c in pending):
+                    self._held.setdefault(call.session, []).append(call)
+                elif (chosen := self._decide(call)) is not None:
+                    by_kind.setdefault(chosen.kind, []).append(chosen)
                 continue
             if call.kind is not None:
                 by_kind.setdefault(call.kind, []).append(call)
@@ -181,12 +229,34 @@ class StepBatcher:
                 rest.append(call)
         return batch, rest
 
+    def _decide(self, follow_up: _Call) -> _Call | None:
+        """The call a follow-up chooses given its session's last result, or None: the follow-up is then held
+        (NOT_YET) or settled (None, or the error `choose` raised)."""
+        try:
+            choice = follow_up.choose(self._last_results.get(follow_up.session))
+        except Exception as error:  # noqa: BLE001 - handed to the caller
+            _settle(follow_up, error)
+            return None
+        if choice is NOT_YET:
+            self._held.setdefault(follow_up.session, []).append(follow_up)
+            return None
+        if choice is None:
+            _settle(follow_up, None)
+            return None
+        tag, args = choice
+        return _Call(follow_up.kind, None, tuple(args), follow_up.future, follow_up.loop, follow_up.follows,
+                     tag=tag, tagged=True)
+
     def _run_one(self, call: _Call) -> None:
         try:
             result = call.fn(*call.args)
         except Exception as error:  # noqa: BLE001 - handed to the caller
             result = error
+        self._last_results.pop(call.session, None)  # e.g. a close: nothing follows it
         _settle(call, result)
+        for follow_up in self._held.pop(call.session, ()):
+            if not follow_up.future.cancelled() and (chosen := self._decide(follow_up)) is not None:
+                self._chosen.append(chosen)
 
     def _run_batch(self, kind: str, batch: list[_Call]) -> None:
         try:
@@ -195,12 +265,19 @@ class StepBatcher:
             log.exception("%s step of %d calls failed", kind, len(batch))
             results = [error] * len(batch)
         for call, result in zip(batch, results):
+            self._last_results[call.session] = result
             if not isinstance(result, Exception) and (call.follows is None or call.follows(result)):
                 self._served.add(call.session)
         if self.on_step is not None:
             self.on_step(kind, len(batch))
         for call, result in zip(batch, results):
             _settle(call, result)
+            for follow_up in self._held.pop(call.session, ()):
+                chosen = None if follow_up.future.cancelled() else self._decide(follow_up)
+                if chosen is not None:
+                    self._chosen.append(chosen)
+                else:  # nothing follows at once after all
+                    self._served.discard(call.session)
 
 
 def _settle(call: _Call, result: Any) -> None:
@@ -210,7 +287,7 @@ def _settle(call: _Call, result: Any) -> None:
         if isinstance(result, BaseException):
             call.future.set_exception(result)
         else:
-            call.future.set_result(result)
+            call.future.set_result((call.tag, result) if call.tagged else result)
 
     try:
         call.loop.call_soon_threadsafe(settle)

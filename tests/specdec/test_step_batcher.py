@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from specdec.step_batcher import StepBatcher
+from specdec.step_batcher import NOT_YET, StepBatcher
 
 
 class Recorder:
@@ -139,3 +139,95 @@ def test_a_one_off_call_on_a_session_ends_the_wait_for_it():
     run(main())
     batcher.close()
     assert sessions_per_batch(recorder)[-2:] == [["a"], ["c"]]  # no step waited for b after its close
+
+
+def next_call(tag: str, add: int):
+    """A follow-up's choice: the session's next call adds `add` to its last result (None runs nothing)."""
+    return lambda last: None if last is None else (tag, ("a", last + add))
+
+
+def test_a_follow_up_queued_with_the_call_before_it_runs_in_the_next_step_on_that_calls_result():
+    recorder = Recorder()
+    batcher = StepBatcher({"step": recorder}, max_batch_size=8, name="test")
+
+    async def main():
+        first = batcher.submit("step", "first", 1)
+        await asyncio.sleep(0.05)  # the worker holds `first`; the next two queue behind it
+        pending = batcher.submit("step", "a", 2)
+        follow_up = batcher.submit_follow_up("step", "a", next_call("guess 0", 1))
+        recorder.release.set()
+        return await asyncio.gather(first, pending, follow_up)
+
+    outcomes = run(main())
+    batcher.close()
+    assert outcomes == [10, 20, ("guess 0", 210)]  # chosen after a's 20: the call ("a", 21)
+    assert recorder.batches[1:] == [[("a", 2)], [("a", 21)]]
+
+
+def test_a_follow_up_arriving_after_the_call_before_it_is_decided_at_once():
+    recorder, batcher = waiting_batcher()
+
+    async def main():
+        assert await batcher.submit("step", "a", 2) == 20
+        return await batcher.submit_follow_up("step", "a", next_call("late", 5))
+
+    assert run(main()) == ("late", 250)
+    batcher.close()
+    assert recorder.batches[-1] == [("a", 25)]
+
+
+def test_a_follow_up_that_chooses_nothing_resolves_to_none_and_its_session_is_not_waited_for():
+    recorder = Recorder()
+    batcher = StepBatcher({"step": recorder}, max_batch_size=8, name="test", max_wait_s=1.0)
+
+    async def main():
+        first = batcher.submit("step", "first", 1, follows=lambda result: False)
+        await asyncio.sleep(0.05)  # held, so a's call and its follow-up share the next drain
+        pending = batcher.submit("step", "a", 2)
+        nothing = batcher.submit_follow_up("step", "a", lambda last: None)
+        recorder.release.set()
+        assert await asyncio.gather(first, pending, nothing) == [10, 20, None]
+        other = batcher.submit("step", "c", 3)  # would wait for a, were a still expected
+        await asyncio.sleep(0.2)
+        await asyncio.gather(other, batcher.submit("step", "a", 4))
+
+    run(main())
+    batcher.close()
+    assert sessions_per_batch(recorder)[-2:] == [["c"], ["a"]]
+
+
+def test_a_cancelled_follow_up_runs_nothing_and_a_failing_choice_fails_the_follow_up_only():
+    recorder = Recorder()
+    batcher = StepBatcher({"step": recorder}, max_batch_size=8, name="test")
+
+    def broken(last):
+        raise RuntimeError("no choice")
+
+    async def main():
+        first = batcher.submit("step", "first", 1)
+        await asyncio.sleep(0.05)
+        pending = batcher.submit("step", "a", 2)
+        cancelled = batcher.submit_follow_up("step", "a", next_call("never", 1))
+        cancelled.cancel()
+        failing = batcher.submit_follow_up("step", "first", broken)
+        recorder.release.set()
+        assert await asyncio.gather(first, pending) == [10, 20]
+        with pytest.raises(RuntimeError, match="no choice"):
+            await failing
+
+    run(main())
+    batcher.close()
+    assert recorder.batches[1:] == [[("a", 2)]]
+
+
+def test_a_follow_up_that_overtook_its_call_waits_for_it():
+    recorder, batcher = waiting_batcher()
+
+    async def main():
+        early = batcher.submit_follow_up("step", "a", lambda last: NOT_YET if last is None else ("t", ("a", last + 1)))
+        await asyncio.sleep(0.05)  # decided already: NOT_YET, held
+        return await asyncio.gather(batcher.submit("step", "a", 2), early)
+
+    assert run(main()) == [20, ("t", 210)]
+    batcher.close()
+    assert recorder.batches == [[("a", 2)], [("a", 21)]]
