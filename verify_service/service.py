@@ -13,13 +13,14 @@ from specdec.kv_session import KVSession
 from specdec.model_runtime import LoadedModel
 from specdec.sampling import SamplingParams, Verdict
 from specdec.session_store import SessionStore
-from specdec.step_batcher import only_result
+from specdec.step_batcher import NOT_YET, FollowUpChoice, NotYet, only_result
 from specdec.step_cost import calibrate
 from specdec.verification import VerifyJob, VerifyTiming, verify_rounds
 from verify_service.settings import VerifySettings
 from verify_service.tensor_parallel import TensorParallelLeader
 
 OPEN, VERIFY = "open", "verify"  # the calls a model step takes (step_many)
+PLAIN_STEP = -1  # the index next_round_choice tags a plain step with (no guess matched)
 CALIBRATION_SESSION = "calibration"  # opened on the ranks and closed again before serving starts
 
 
@@ -32,6 +33,16 @@ class TargetSession:
 
     def __len__(self) -> int:
         return len(self.kv)
+
+
+@dataclass(frozen=True)
+class GuessedRound:
+    """A session's next round drafted under a guessed verdict of the round before it."""
+
+    num_accepted: int  # the guessed verdict: drafted tokens accepted,
+    next_token: int  # ...and the recovered or bonus token after them
+    draft_tokens: Sequence[int]
+    draft_probs: torch.Tensor | None  # q [γ, V]; None: one-hot
 
 
 class VerifyService:
@@ -84,6 +95,31 @@ class VerifyService:
             raise ValueError(f"step calls must be {OPEN!r} or {VERIFY!r}, got {sorted(set(kinds))}")
         open_results, round_results = (iter(results) for results in self._step(opens, rounds))
         return [next(open_results) if kind == OPEN else next(round_results) for kind in kinds]
+
+    def next_round_choice(self, session_id: str, after_base_len: int, rounds: Sequence[GuessedRound],
+                          plain_otherwise: bool) -> FollowUpChoice:
+        """For the step batcher's follow-up: given the result of the session's last round (verdict, timing, length),
+        the step call of the guessed round its verdict matches, tagged with that round's index, or a plain step
+        (PLAIN_STEP) when none does and plain_otherwise; None when nothing runs, including when the last round is
+        not the one at after_base_len (it was rolled back, or a later round already ran); NOT_YET while the session
+        is no longer than after_base_len (that round has not run: the follow-up overtook it). Raises
+        SessionNotFoundError for a session that is not open."""
+        def choose(last: object) -> tuple[int, tuple] | NotYet | None:
+            session = self.sessions.get(session_id)
+            if isinstance(last, Exception):  # that round failed (its caller is told)
+                return None
+            if len(session) <= after_base_len:
+                return NOT_YET
+            if not isinstance(last, tuple):  # the open, not a round, ran last
+                return None
+            verdict, _, session_len = last
+            if session_len - verdict.num_accepted - 1 != after_base_len:
+                return None
+            for index, guessed in enumerate(rounds):
+                if (guessed.num_accepted, guessed.next_token) == (verdict.num_accepted, verdict.next_token):
+                    return index, (session_id, VERIFY, session_len, guessed.draft_tokens, guessed.draft_probs)
+            return (PLAIN_STEP, (session_id, VERIFY, session_len, [], None)) if plain_otherwise else None
+        return choose
 
     def _step(self, opens: Sequence[tuple[str, Sequence[int], SamplingParams]],
               rounds: Sequence[tuple[str, int, Sequence[int], torch.Tensor | None]]) -> tuple[list, list]:

@@ -9,16 +9,23 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from specdec.errors import DownstreamUnavailableError
+from specdec.errors import DownstreamUnavailableError, InvalidFieldError
 from specdec.step_batcher import StepBatcher
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from specdec.wire import check_token_ids, follows_at_once, probs_from_proto, sampling_from_proto
-from verify_service.service import OPEN, VERIFY, VerifyService
+from verify_service.service import OPEN, VERIFY, GuessedRound, VerifyService
 
 
 def _round_follows(hint: verifier_pb2.NextCallHint) -> Callable[[tuple], bool]:
     """For the batcher: whether the caller's next round follows a round's result (verdict, timing, length) at once."""
     return lambda result: follows_at_once(hint, result[0].num_accepted, result[0].next_token)
+
+
+def _verify_response(verdict, timing, session_len: int) -> verifier_pb2.VerifyResponse:
+    return verifier_pb2.VerifyResponse(accepted_token_ids=verdict.accepted_tokens, next_token_id=verdict.next_token,
+                                       is_bonus=verdict.is_bonus, session_len=session_len,
+                                       forward_ns=timing.forward_ns, sampling_ns=timing.sampling_ns,
+                                       batch_rows=timing.batch_rows, batch_tokens=timing.batch_tokens)
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
@@ -41,13 +48,17 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         """The tensor-parallel group failed: wake the calls waiting on it."""
         self._ranks_failed.set()
 
-    async def _run(self, kind_or_fn: str | Callable, *args, follows: Callable | None = None):
+    async def _run(self, kind_or_fn: str | Callable, *args, follows: Callable | None = None,
+                   choose: Callable | None = None):
         """Runs a batchable kind ("step") or a one-off function on the model thread; `follows(result)`: whether
-        the session's next call comes at once (specdec/step_batcher.py)."""
+        the session's next call comes at once; with `choose`, args is the session and the call is a follow-up of
+        its last one (specdec/step_batcher.py)."""
         ranks = self.service.ranks
         if ranks is not None:
             ranks.raise_if_failed()
-        if isinstance(kind_or_fn, str):
+        if choose is not None:
+            work = self._batcher.submit_follow_up(kind_or_fn, *args, choose, follows=follows)
+        elif isinstance(kind_or_fn, str):
             work = self._batcher.submit(kind_or_fn, *args, follows=follows)
         else:
             work = self._batcher.run(kind_or_fn, *args)
@@ -80,12 +91,31 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         drafts = check_token_ids(request.draft_token_ids, vocab_size, "draft_token_ids", allow_empty=True)
         probs = probs_from_proto(request.draft_probs, len(drafts), vocab_size)
         follows = _round_follows(request.next_call) if request.HasField("next_call") else None
-        verdict, timing, session_len = await self._run("step", request.session_id, VERIFY,
-                                                       request.base_len, drafts, probs, follows=follows)
-        return verifier_pb2.VerifyResponse(accepted_token_ids=verdict.accepted_tokens, next_token_id=verdict.next_token,
-                                           is_bonus=verdict.is_bonus, session_len=session_len,
-                                           forward_ns=timing.forward_ns, sampling_ns=timing.sampling_ns,
-                                           batch_rows=timing.batch_rows, batch_tokens=timing.batch_tokens)
+        return _verify_response(*await self._run("step", request.session_id, VERIFY, request.base_len, drafts, probs,
+                                                 follows=follows))
+
+    async def VerifyNext(self, request: verifier_pb2.VerifyNextRequest, context) -> verifier_pb2.VerifyNextResponse:
+        rounds = [self._guessed_round(guessed, f"rounds[{index}]") for index, guessed in enumerate(request.rounds)]
+        follows = _round_follows(request.next_call) if request.HasField("next_call") else None
+        choose = self.service.next_round_choice(request.session_id, request.after_base_len, rounds,
+                                                request.plain_otherwise)
+        ran = await self._run("step", request.session_id, follows=follows, choose=choose)
+        if ran is None:
+            return verifier_pb2.VerifyNextResponse(ran=False)
+        index, result = ran
+        return verifier_pb2.VerifyNextResponse(ran=True, round_index=index, verdict=_verify_response(*result))
+
+    def _guessed_round(self, guessed: verifier_pb2.GuessedRound, field: str) -> GuessedRound:
+        vocab_size = self.service.model.vocab_size
+        if not guessed.verdict.HasField("next_token_id"):
+            raise InvalidFieldError(f"{field}.verdict.next_token_id", "must be set")
+        [next_token] = check_token_ids([guessed.verdict.next_token_id], vocab_size, f"{field}.verdict.next_token_id")
+        drafts = check_token_ids(guessed.draft_token_ids, vocab_size, f"{field}.draft_token_ids")
+        limit = self.service.settings.max_speculative_tokens
+        if len(drafts) > limit:
+            raise InvalidFieldError(f"{field}.draft_token_ids", f"{len(drafts)} tokens exceed the limit of {limit}")
+        probs = probs_from_proto(guessed.draft_probs, len(drafts), vocab_size, f"{field}.draft_probs")
+        return GuessedRound(guessed.verdict.num_accepted, next_token, drafts, probs)
 
     async def CloseSession(self, request: common_pb2.CloseSessionRequest, context) -> common_pb2.CloseSessionResponse:
         return common_pb2.CloseSessionResponse(closed=await self._run(self.service.close, request.session_id))

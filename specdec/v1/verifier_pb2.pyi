@@ -55,6 +55,40 @@ class GuessedVerdict(_message.Message):
     next_token_id: int
     def __init__(self, num_accepted: _Optional[int] = ..., next_token_id: _Optional[int] = ...) -> None: ...
 
+class VerifyNextRequest(_message.Message):
+    __slots__ = ("session_id", "after_base_len", "rounds", "plain_otherwise", "next_call")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_BASE_LEN_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    PLAIN_OTHERWISE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CALL_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    after_base_len: int
+    rounds: _containers.RepeatedCompositeFieldContainer[GuessedRound]
+    plain_otherwise: bool
+    next_call: NextCallHint
+    def __init__(self, session_id: _Optional[str] = ..., after_base_len: _Optional[int] = ..., rounds: _Optional[_Iterable[_Union[GuessedRound, _Mapping]]] = ..., plain_otherwise: _Optional[bool] = ..., next_call: _Optional[_Union[NextCallHint, _Mapping]] = ...) -> None: ...
+
+class GuessedRound(_message.Message):
+    __slots__ = ("verdict", "draft_token_ids", "draft_probs")
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
+    verdict: GuessedVerdict
+    draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    draft_probs: _common_pb2.ProbabilityMatrix
+    def __init__(self, verdict: _Optional[_Union[GuessedVerdict, _Mapping]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Union[_common_pb2.ProbabilityMatrix, _Mapping]] = ...) -> None: ...
+
+class VerifyNextResponse(_message.Message):
+    __slots__ = ("ran", "round_index", "verdict")
+    RAN_FIELD_NUMBER: _ClassVar[int]
+    ROUND_INDEX_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    ran: bool
+    round_index: int
+    verdict: VerifyResponse
+    def __init__(self, ran: _Optional[bool] = ..., round_index: _Optional[int] = ..., verdict: _Optional[_Union[VerifyResponse, _Mapping]] = ...) -> None: ...
+
 class VerifyResponse(_message.Message):
     __slots__ = ("accepted_token_ids", "next_token_id", "is_bonus", "session_len", "forward_ns", "sampling_ns", "batch_rows", "batch_tokens")
     ACCEPTED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]

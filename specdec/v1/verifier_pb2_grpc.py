@@ -46,6 +46,11 @@ class VerifierStub:
                 request_serializer=specdec_dot_v1_dot_verifier__pb2.VerifyRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_verifier__pb2.VerifyResponse.FromString,
                 _registered_method=True)
+        self.VerifyNext = channel.unary_unary(
+                '/specdec.v1.Verifier/VerifyNext',
+                request_serializer=specdec_dot_v1_dot_verifier__pb2.VerifyNextRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_verifier__pb2.VerifyNextResponse.FromString,
+                _registered_method=True)
         self.CloseSession = channel.unary_unary(
                 '/specdec.v1.Verifier/CloseSession',
                 request_serializer=specdec_dot_v1_dot_common__pb2.CloseSessionRequest.SerializeToString,
@@ -71,6 +76,15 @@ class VerifierServicer:
 
     def Verify(self, request, context):
         """Truncates the session to base_len, scores the draft in one forward pass and commits the verdict.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def VerifyNext(self, request, context):
+        """The session's next round, drafted under guesses of the verdict of a round still being verified: once that
+        verdict is known, the verifier runs the round of the matching guess in its next pass (no round trip to the
+        caller), or a plain step, or nothing. Answers after that round, or at once when nothing runs.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -102,6 +116,11 @@ def add_VerifierServicer_to_server(servicer, server):
                     servicer.Verify,
                     request_deserializer=specdec_dot_v1_dot_verifier__pb2.VerifyRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_verifier__pb2.VerifyResponse.SerializeToString,
+            ),
+            'VerifyNext': grpc.unary_unary_rpc_method_handler(
+                    servicer.VerifyNext,
+                    request_deserializer=specdec_dot_v1_dot_verifier__pb2.VerifyNextRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_verifier__pb2.VerifyNextResponse.SerializeToString,
             ),
             'CloseSession': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseSession,
@@ -169,6 +188,33 @@ class Verifier:
             '/specdec.v1.Verifier/Verify',
             specdec_dot_v1_dot_verifier__pb2.VerifyRequest.SerializeToString,
             specdec_dot_v1_dot_verifier__pb2.VerifyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifyNext(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specdec.v1.Verifier/VerifyNext',
+            specdec_dot_v1_dot_verifier__pb2.VerifyNextRequest.SerializeToString,
+            specdec_dot_v1_dot_verifier__pb2.VerifyNextResponse.FromString,
             options,
             channel_credentials,
             insecure,
