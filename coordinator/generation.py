@@ -65,6 +65,7 @@ class GenerationPlan:
     draft_method: int  # common_pb2.DraftMethod
     overlap: bool
     predraft_guesses: int = 2  # overlapped mode: rejection guesses per block position (0: only "all accepted")
+    chain_rounds: bool = True  # overlapped mode: pre-drafted blocks go to the verifier as drafted (VerifyNext)
 
     @property
     def rejection_guesses(self) -> int:
@@ -101,6 +102,7 @@ class RequestStats(SpeculationStats):
     predraft_attempts: int = 0
     predraft_hits: int = 0
     predraft_guesses: int = 0  # guessed verdicts drafted, over all pre-drafted rounds
+    chained_rounds: int = 0  # rounds the verifier ran right after the previous verdict (VerifyNext)
     draft_fallbacks: int = 0  # times the drafter failed and the request went on by plain decoding
     round_timeline: list[tuple[str, int, int]] = field(default_factory=list)  # (stage, start_ns, end_ns)
 
@@ -143,17 +145,48 @@ class LaneCall:
     num_tokens: int
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """A pre-drafted next block and the verdict of the current block it follows."""
+
+    num_accepted: int
+    next_token: int
+    block: DraftBlock
+
+
+@dataclass
+class ChainedRound:
+    """A round the verifier runs by itself once the previous verdict is known (VerifyNext): the call, and which
+    of its candidates the verdict selects (PLAIN_STEP: the plain step)."""
+
+    call: asyncio.Future  # -> verifier_pb2.VerifyNextResponse
+    index: int
+
+
+PLAIN_STEP = -1  # VerifyNextResponse.round_index of the plain step
+
+
 @dataclass
 class Predraft:
-    """The next block being drafted under guessed verdicts of the current one, and what follows a verdict that
-    matches none of them: a block drafted afresh, or (plain_on_miss) a plain step at once."""
+    """The next block being drafted under guessed verdicts of the current one; what follows a verdict that matches
+    none of them: a block drafted afresh, or (plain_on_miss) a plain step at once; and in chained mode the
+    VerifyNext call that hands the drafted blocks (and that plain step) to the verifier as soon as they exist."""
 
-    future: asyncio.Future  # -> [(guess, the block drafted under it)]
     guesses: list[Guess]
     plain_on_miss: bool
+    future: asyncio.Future = field(init=False)  # -> [Candidate]: the usable blocks, as VerifyNext lists them
+    next_round: asyncio.Future | None = None  # chained mode: -> VerifyNextResponse, set before `future` resolves
 
     def cancel(self) -> None:
         self.future.cancel()
+        if self.next_round is not None:
+            self.next_round.cancel()
+
+
+def _retrieve_error(future: asyncio.Future) -> None:
+    """Marks a background call's error as seen (it is handled where the call is awaited, if it is)."""
+    if not future.cancelled():
+        future.exception()
 
 
 class Generation:
@@ -391,12 +424,25 @@ class Generation:
         self.stats.predraft_guesses += len(calls)
         self.metrics.predraft_attempts.inc()
 
-        async def predraft() -> list[tuple[Guess, DraftBlock]]:
-            blocks = await self._propose([call for _, call in calls], round_span, predraft=True)
-            return [(guess, drafted) for (guess, _), drafted in zip(calls, blocks)]
+        after_base_len = len(self.committed)  # where the block being verified starts
 
-        return Predraft(asyncio.ensure_future(predraft()), [guess for guess, _ in calls],
-                        plain_on_miss=not self._fresh_draft_pays(gamma))
+        async def predraft() -> list[Candidate]:
+            blocks = await self._propose([call for _, call in calls], round_span, predraft=True)
+            candidates = []
+            for (guess, _), drafted in zip(calls, blocks):
+                verdict = guess.verdict(drafted.token_ids)
+                block = drafted.tail() if guess.next_token is None else drafted  # "all accepted" drafted the bonus
+                if verdict is not None and block.token_ids:
+                    candidates.append(Candidate(*verdict, block))
+            if self.plan.chain_rounds and (candidates or pending.plain_on_miss):
+                pending.next_round = asyncio.ensure_future(self._verify_next(after_base_len, candidates,
+                                                                             pending.plain_on_miss, round_span))
+                pending.next_round.add_done_callback(_retrieve_error)  # it may end unawaited (request over)
+            return candidates
+
+        pending = Predraft([guess for guess, _ in calls], plain_on_miss=not self._fresh_draft_pays(gamma))
+        pending.future = asyncio.ensure_future(predraft())
+        return pending
 
     def _fresh_draft_pays(self, gamma: int) -> bool:
         """Whether a verdict that no pre-draft guessed should be followed by a block drafted afresh (else by a
@@ -411,7 +457,7 @@ class Generation:
         miss turns plain (_rounds); the guesses of the pre-draft otherwise, advice only, since a verdict that
         matches a guess may still find its pre-drafted block unusable; without a pre-draft, any after a plain step
         in overlapped mode (γ is 0, so the next round is most likely plain too) and none otherwise."""
-        if self.draft is None or (predraft is not None and predraft.plain_on_miss):
+        if self.draft is None or (predraft is not None and (predraft.plain_on_miss or self.plan.chain_rounds)):
             return verifier_pb2.NextCallHint(after_any_verdict=True)
         if predraft is None:
             return verifier_pb2.NextCallHint(after_any_verdict=self.plan.overlap and not block.token_ids)
@@ -419,27 +465,61 @@ class Generation:
             verifier_pb2.GuessedVerdict(num_accepted=guess.accepted, next_token_id=guess.next_token)
             for guess in predraft.guesses])
 
-    async def _take_predraft(self, predraft: Predraft | None,
-                             verdict: verifier_pb2.VerifyResponse) -> DraftBlock | None:
-        """The pre-drafted next block of the guess the verdict selects, else None."""
+    async def _next_round(self, predraft: Predraft | None, verdict: verifier_pb2.VerifyResponse
+                          ) -> tuple[DraftBlock | None, ChainedRound | None]:
+        """The next block: the pre-drafted one the verdict selects, or a plain step if the pre-draft says so, or
+        None (draft afresh); with the VerifyNext call that has the verifier run it already (chained mode)."""
         if predraft is None:
-            return None
-        accepted = len(verdict.accepted_token_ids)
-        for guess, drafted in await predraft.future:
-            if guess.matches(accepted, verdict.next_token_id, drafted.token_ids):
-                self.stats.predraft_hits += 1
-                self.metrics.predraft_hits.inc()
-                block = drafted.tail() if guess.next_token is None else drafted
-                return block if block.token_ids else None
+            return None, None
+        candidates = await predraft.future
+        verdict_key = (len(verdict.accepted_token_ids), verdict.next_token_id)
+        index = next((i for i, c in enumerate(candidates) if (c.num_accepted, c.next_token) == verdict_key), None)
+        if index is not None:
+            self.stats.predraft_hits += 1
+            self.metrics.predraft_hits.inc()
+            block = candidates[index].block
+        elif predraft.plain_on_miss:
+            index, block = PLAIN_STEP, DraftBlock([], None)
+        else:
+            return None, None  # the verifier runs none of them either
+        return block, ChainedRound(predraft.next_round, index) if predraft.next_round is not None else None
+
+    async def _verify_next(self, after_base_len: int, candidates: Sequence[Candidate], plain_otherwise: bool,
+                           round_span: Context) -> verifier_pb2.VerifyNextResponse:
+        """Hands the verifier the candidate next rounds: it runs the one its pending verdict selects. The call's
+        span sits in the round it was sent in; the round it runs records its verdict (`verify`, chained)."""
+        with self.telemetry.remote_call("verify_next", round_span, after_base_len=after_base_len,
+                                        candidates=len(candidates), plain_otherwise=plain_otherwise):
+            return await self._call(self.verify, "VerifyNext", verifier_pb2.VerifyNextRequest(
+                session_id=self.plan.request_id, after_base_len=after_base_len, rounds=[
+                    verifier_pb2.GuessedRound(
+                        verdict=verifier_pb2.GuessedVerdict(num_accepted=c.num_accepted, next_token_id=c.next_token),
+                        draft_token_ids=c.block.token_ids, draft_probs=c.block.probs) for c in candidates],
+                plain_otherwise=plain_otherwise, next_call=verifier_pb2.NextCallHint(after_any_verdict=True)))
+
+    async def _chained_verdict(self, chained: ChainedRound) -> verifier_pb2.VerifyResponse | None:
+        """The verdict of the round the verifier ran by itself, or None if it ran another one or none (then the
+        round is sent as a plain Verify, whose base_len rolls back whatever ran)."""
+        answer = await chained.call
+        if answer.ran and answer.round_index == chained.index:
+            self.stats.chained_rounds += 1
+            self.metrics.chained_rounds.inc()
+            return answer.verdict
+        log.warning("request %s: the verifier ran round %s of a VerifyNext where %d was expected; verifying again",
+                    self.plan.request_id, answer.round_index if answer.ran else "none", chained.index)
         return None
 
-    async def _verify(self, block: DraftBlock, round_span: Context, next_call: verifier_pb2.NextCallHint
-                      ) -> verifier_pb2.VerifyResponse:
+    async def _verify(self, block: DraftBlock, round_span: Context, next_call: verifier_pb2.NextCallHint,
+                      chained: ChainedRound | None = None) -> verifier_pb2.VerifyResponse:
+        """Verifies `block` (already running on the verifier when chained) and records the call."""
         with self.telemetry.remote_call("verify", round_span, base_len=len(self.committed),
                                         num_tokens=len(block.token_ids)) as call:
-            reply = await self._call(self.verify, "Verify", verifier_pb2.VerifyRequest(
-                session_id=self.plan.request_id, base_len=len(self.committed), draft_token_ids=block.token_ids,
-                draft_probs=block.probs, next_call=next_call))
+            reply = await self._chained_verdict(chained) if chained is not None else None
+            call.span.set_attribute("specdec.chained", reply is not None)
+            if reply is None:
+                reply = await self._call(self.verify, "Verify", verifier_pb2.VerifyRequest(
+                    session_id=self.plan.request_id, base_len=len(self.committed), draft_token_ids=block.token_ids,
+                    draft_probs=block.probs, next_call=next_call))
             call.inside("verify.forward", "verify", reply.forward_ns)
             call.inside("verify.sampling", "verify", reply.sampling_ns)
         self._count_call("verify", call, verify=reply.forward_ns, sampling=reply.sampling_ns)
@@ -467,6 +547,7 @@ class Generation:
 
     async def _rounds(self) -> AsyncIterator[Chunk]:
         block: DraftBlock | None = None
+        chained: ChainedRound | None = None  # the verifier already runs `block` (chained mode)
         waiting_since = time.perf_counter_ns()  # a round's time runs from the previous verdict to its own
         while True:
             with self.telemetry.round() as round_span:
@@ -475,7 +556,7 @@ class Generation:
                 predraft = self._start_predraft(block, round_span)
                 next_call = self._next_call_hint(block, predraft)
                 try:
-                    verdict = await self._verify(block, round_span, next_call)
+                    verdict = await self._verify(block, round_span, next_call, chained)
                 except BaseException:
                     if predraft is not None:
                         predraft.cancel()
@@ -486,11 +567,10 @@ class Generation:
                 if finished and predraft is not None:
                     # Not needed: cancelled before the last chunk (and its stats) go out, so neither counts it.
                     predraft.cancel()
-                    await asyncio.gather(predraft.future, return_exceptions=True)
+                    await asyncio.gather(predraft.future, *[predraft.next_round] if predraft.next_round else [],
+                                         return_exceptions=True)
                 yield chunk
                 if finished:
                     return
                 waiting_since = time.perf_counter_ns()
-                block = await self._take_predraft(predraft, verdict)
-                if block is None and predraft is not None and predraft.plain_on_miss:
-                    block = DraftBlock([], None)  # a plain step at once, the next block pre-drafted meanwhile
+                block, chained = await self._next_round(predraft, verdict)

@@ -38,11 +38,16 @@ class Guess:
         guessed = [] if self.next_token is None else [self.next_token]
         return [*committed, *block[:self.accepted], *guessed]
 
+    def verdict(self, drafted: Sequence[int]) -> tuple[int, int] | None:
+        """The verdict (accepted count, next token) this guess stands for, given what its lane drafted: "all
+        accepted" names the lane's first token; None when that lane drafted nothing."""
+        if self.next_token is None:
+            return (self.accepted, drafted[0]) if drafted else None
+        return self.accepted, self.next_token
+
     def matches(self, accepted: int, next_token: int, drafted: Sequence[int]) -> bool:
         """Whether a verdict (accepted count, next token) is this guess; `drafted` is what the lane drafted."""
-        if self.next_token is None:
-            return bool(drafted) and drafted[0] == next_token and accepted == self.accepted
-        return accepted == self.accepted and next_token == self.next_token
+        return self.verdict(drafted) == (accepted, next_token)
 
 
 def guesses(block: Sequence[int], alternatives: Sequence[Sequence[int]], per_position: int) -> list[Guess]:

@@ -6,11 +6,16 @@ Trace shape (parents first; lanes in brackets, set by `specdec.lane` where the t
     round (one per committed round; `specdec.round` = 1, 2, ...)
       draft.propose > draft.forward [draft], wire          (and the Drafter's own server span)
       verify        > verify.forward, verify.sampling [verify], wire   (and the Verifier's server span)
+      verify_next   (chained mode: the next round's candidates, sent once pre-drafted; the Verifier's server span)
       commit
     close_sessions > draft.close_session, verify.close_session
 In overlapped mode a round's `draft.propose` with `specdec.predraft` drafts the next round's block while
-this round's `verify` runs. The service-side stages are laid out from the durations the services return
-(draft_ns, forward_ns, sampling_ns, prefill_ns): inside the call, after half of its wire time.
+this round's `verify` runs; a `verify` with `specdec.chained` is a round handed to the verifier before the
+previous verdict was known (the previous round's `verify_next`), so its span covers only the wait after that
+verdict. The service-side
+stages are laid out from the durations the services return (draft_ns, forward_ns, sampling_ns, prefill_ns): inside
+the call, after half of its wire time, or ending with the call where they took longer than it (a chained round's
+pass may start before the coordinator waits for it).
 """
 
 from __future__ import annotations
@@ -142,7 +147,8 @@ class RequestTelemetry:
         if not call.served:
             return
         context = trace.set_span_in_context(call.span)
-        at = call.started_wall_ns + wire // 2
+        served_ns = sum(ns for _, _, ns in call.served)
+        at = min(call.started_wall_ns + wire // 2, end_wall - served_ns)  # the service may have started earlier
         self._timed_span("wire", context, call.started_wall_ns, at, {"specdec.direction": "request"})
         for name, lane, ns in call.served:
             self._timed_span(name, context, at, at + ns, {LANE_ATTRIBUTE: lane})

@@ -30,7 +30,7 @@ def stats_to_proto(stats: RequestStats, plan: GenerationPlan) -> coordinator_pb2
         accepted_per_position=stats.accepted_per_position, drafted_per_position=stats.drafted_per_position,
         draft_ns=stats.draft_ns, verify_ns=stats.verify_ns, sampling_ns=stats.sampling_ns, wire_ns=max(0, stats.wire_ns),
         prefill_ns=stats.prefill_ns, total_ns=stats.total_ns, predraft_attempts=stats.predraft_attempts,
-        predraft_hits=stats.predraft_hits, predraft_guesses=stats.predraft_guesses,
+        predraft_hits=stats.predraft_hits, predraft_guesses=stats.predraft_guesses, chained_rounds=stats.chained_rounds,
         seed=plan.params.seed, prompt_tokens=len(plan.prompt_ids))
 
 

@@ -24,6 +24,9 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
     max_new_tokens_limit: int = setting(1024, "largest max_new_tokens a request may ask for")
     max_context_tokens: int = setting(1024, "longest prompt + completion (at most the models' context)")
     overlap: bool = setting(True, "pipeline rounds: draft block k+1 while block k is verified")
+    chain_rounds: bool = setting(True, "overlapped mode: hand each pre-drafted next block to the verifier as soon as "
+                                       "it is drafted (VerifyNext); the verifier runs the one its verdict selects in "
+                                       "its next pass, without a round trip to the coordinator")
     predraft_guesses: int = setting(2, "overlapped mode, greedy requests: besides 'all accepted', guess γ times this "
                                        "many rejections (a position and the draft's r-th next most likely token "
                                        "there; those the request's verdicts matched most often first), "

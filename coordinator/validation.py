@@ -61,5 +61,6 @@ def plan_request(request: coordinator_pb2.GenerateRequest, settings: Coordinator
         gamma=gamma,
         draft_method=request.draft_method,
         overlap=settings.overlap,
+        chain_rounds=settings.chain_rounds,
         predraft_guesses=settings.predraft_guesses,
     )

@@ -12,6 +12,7 @@ GenerationStats, so summing the responses' stats gives the counters:
   accepted_per_position[i]    specdec_accepted_tokens_by_position_total{position="i"}
   accepted + rounds           specdec_tokens_per_round_sum  (mean accepted length = _sum / _count)
   predraft_attempts / _hits   specdec_predraft_attempts_total / specdec_predraft_hits_total
+  chained_rounds              specdec_chained_rounds_total
   (coordinator-wide)          specdec_round_slowdown{kind,load}: realized / predicted round time
   draft_ns, verify_ns, sampling_ns, wire_ns, prefill_ns
                               specdec_stage_duration_seconds_sum{stage="draft"|"verify"|"sampling"|"wire"|"prefill"}
@@ -73,6 +74,8 @@ class SpeculationMetrics:
                                             "Rounds whose drafted token at position i was accepted", ("position",))
         self.predraft_attempts = counter("predraft_attempts", "Blocks drafted while the previous one was verified")
         self.predraft_hits = counter("predraft_hits", "Pre-drafted blocks that matched the verdict")
+        self.chained_rounds = counter("chained_rounds", "Rounds the verifier ran straight after the previous "
+                                                        "verdict (VerifyNext), without a round trip")
         self.finished = counter("requests_finished", "Generations that ended, by finish reason", ("finish_reason",))
         self.tokens_per_round = Histogram(PREFIX + "tokens_per_round",
                                           "Tokens committed per round (accepted + recovered/bonus); "

@@ -61,12 +61,15 @@ def random_prompts(count: int, seed: int) -> list[list[int]]:
 
 def test_greedy_output_is_token_identical_to_target_only(client, models):
     target, _ = models
+    chained_rounds = 0
     for gamma in (1, 4):
         for prompt in random_prompts(6, seed=gamma):
             expected = target_only_generate(target, prompt, SamplingParams(), MAX_NEW).token_ids
             reply = client.generate(prompt, max_new_tokens=MAX_NEW, num_speculative_tokens=gamma, include_stats=True)
             assert list(reply.token_ids) == expected
             assert reply.stats.rounds >= 1 and reply.stats.drafted_tokens >= reply.stats.accepted_tokens
+            chained_rounds += reply.stats.chained_rounds
+    assert chained_rounds > 0  # overlapped rounds went to the verifier ahead of their verdicts (VerifyNext)
 
 
 def test_plain_decoding_through_the_verifier(client, models):
@@ -122,6 +125,7 @@ def test_overlap_reports_predraft_hits(client):
     stats = reply.stats
     assert stats.predraft_attempts > 0 and 0 <= stats.predraft_hits <= stats.predraft_attempts
     assert stats.predraft_guesses > stats.predraft_attempts  # "all accepted" and rejection guesses, side by side
+    assert stats.chained_rounds >= stats.predraft_hits  # a hit's block ran on the verifier without a round trip
 
 
 @pytest.mark.parametrize("kwargs, field", [

@@ -92,9 +92,18 @@ def test_one_request_is_one_trace_with_draft_and_verify_spans_under_the_right_ro
         assert round_span["name"] == "round"
         return round_span
 
+    verify_calls = [s for s in spans if s["name"] == "verify" and s["role"] == "coordinator"]
+    assert sorted(s["parent_span_id"] for s in verify_calls) == sorted(r["span_id"] for r in rounds)
+    chained = [s for s in verify_calls if s["attributes"]["specdec.chained"]]
+    assert len(chained) == reply.stats.chained_rounds
     verifies = [s for s in spans if s["name"] == "specdec.v1.Verifier/Verify"]
     assert all(s["role"] == "verify" and s["kind"] == "SERVER" for s in verifies)
-    assert sorted(round_above(s, "verify")["span_id"] for s in verifies) == sorted(r["span_id"] for r in rounds)
+    assert sorted(round_above(s, "verify")["span_id"] for s in verifies) == sorted(
+        c["parent_span_id"] for c in verify_calls if not c["attributes"]["specdec.chained"])
+    verify_nexts = [s for s in spans if s["name"] == "specdec.v1.Verifier/VerifyNext"]
+    assert len(verify_nexts) >= len(chained)  # a chained round's candidates went out in the round before it
+    for span in verify_nexts:  # sent in the round whose verdict it waits for
+        round_above(span, "verify_next")
     for span in verifies:  # the round that verified base_len b is the one whose commit started at b
         assert span["attributes"]["specdec.base_len"] == commit_of[round_above(span, "verify")["span_id"]]["specdec.base_len"]
 
@@ -156,7 +165,8 @@ def test_metrics_counters_equal_the_sum_of_the_responses_stats(traced, client):
     total = defaultdict(int)
     for s in stats:
         for field in ("rounds", "drafted_tokens", "accepted_tokens", "predraft_attempts", "predraft_hits",
-                      "prompt_tokens", "draft_ns", "verify_ns", "sampling_ns", "wire_ns", "prefill_ns"):
+                      "chained_rounds", "prompt_tokens", "draft_ns", "verify_ns", "sampling_ns", "wire_ns",
+                      "prefill_ns"):
             total[field] += getattr(s, field)
         for position, (drafted, accepted) in enumerate(zip(s.drafted_per_position, s.accepted_per_position)):
             total[f"drafted@{position}"] += drafted
@@ -168,6 +178,7 @@ def test_metrics_counters_equal_the_sum_of_the_responses_stats(traced, client):
     assert delta("specdec_tokens_per_round_sum") == total["accepted_tokens"] + total["rounds"]
     assert delta("specdec_predraft_attempts_total") == total["predraft_attempts"]
     assert delta("specdec_predraft_hits_total") == total["predraft_hits"]
+    assert delta("specdec_chained_rounds_total") == total["chained_rounds"]
     assert delta("specdec_prompt_tokens_total") == total["prompt_tokens"]
     assert delta("specdec_generated_tokens_total") == sum(len(r.token_ids) for r in replies)
     for position in range(4):
