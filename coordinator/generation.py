@@ -42,7 +42,7 @@ from specdec.errors import DownstreamUnavailableError
 from specdec.sampling import SamplingParams
 from specdec.speculation_stats import SpeculationStats
 from specdec.v1 import common_pb2, drafter_pb2, verifier_pb2
-from specdec.wire import sampling_to_proto
+from specdec.wire import PLAIN_STEP, sampling_to_proto
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -161,9 +161,6 @@ class ChainedRound:
 
     call: asyncio.Future  # -> verifier_pb2.VerifyNextResponse
     index: int
-
-
-PLAIN_STEP = -1  # VerifyNextResponse.round_index of the plain step
 
 
 @dataclass

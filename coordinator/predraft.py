@@ -45,10 +45,6 @@ class Guess:
             return (self.accepted, drafted[0]) if drafted else None
         return self.accepted, self.next_token
 
-    def matches(self, accepted: int, next_token: int, drafted: Sequence[int]) -> bool:
-        """Whether a verdict (accepted count, next token) is this guess; `drafted` is what the lane drafted."""
-        return self.verdict(drafted) == (accepted, next_token)
-
 
 def guesses(block: Sequence[int], alternatives: Sequence[Sequence[int]], per_position: int) -> list[Guess]:
     """"All accepted" first, then rejections: the draft's most likely other token at every position, then its

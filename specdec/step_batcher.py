@@ -254,9 +254,7 @@ class StepBatcher:
             result = error
         self._last_results.pop(call.session, None)  # e.g. a close: nothing follows it
         _settle(call, result)
-        for follow_up in self._held.pop(call.session, ()):
-            if not follow_up.future.cancelled() and (chosen := self._decide(follow_up)) is not None:
-                self._chosen.append(chosen)
+        self._release_held(call.session)
 
     def _run_batch(self, kind: str, batch: list[_Call]) -> None:
         try:
@@ -272,12 +270,18 @@ class StepBatcher:
             self.on_step(kind, len(batch))
         for call, result in zip(batch, results):
             _settle(call, result)
-            for follow_up in self._held.pop(call.session, ()):
-                chosen = None if follow_up.future.cancelled() else self._decide(follow_up)
-                if chosen is not None:
-                    self._chosen.append(chosen)
-                else:  # nothing follows at once after all
-                    self._served.discard(call.session)
+            if call.session in self._held and not self._release_held(call.session):
+                self._served.discard(call.session)  # nothing follows at once after all
+
+    def _release_held(self, session: object) -> bool:
+        """Decides the follow-ups held for `session` now that a call of it ran (the chosen calls join the next
+        step); whether any chose a call."""
+        chose = False
+        for follow_up in self._held.pop(session, ()):
+            if not follow_up.future.cancelled() and (chosen := self._decide(follow_up)) is not None:
+                self._chosen.append(chosen)
+                chose = True
+        return chose
 
 
 def _settle(call: _Call, result: Any) -> None:

@@ -11,6 +11,8 @@ from specdec.errors import InvalidFieldError
 from specdec.sampling import SamplingParams
 from specdec.v1 import common_pb2, verifier_pb2
 
+PLAIN_STEP = -1  # VerifyNextResponse.round_index of the plain step (no guessed round matched the verdict)
+
 
 def sampling_from_proto(message: common_pb2.SamplingParams, default_seed: int = 0, prefix: str = "sampling") -> SamplingParams:
     """SamplingParams from the wire; unset top_p means 1 and unset seed means default_seed."""

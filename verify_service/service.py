@@ -16,11 +16,11 @@ from specdec.session_store import SessionStore
 from specdec.step_batcher import NOT_YET, FollowUpChoice, NotYet, only_result
 from specdec.step_cost import calibrate
 from specdec.verification import VerifyJob, VerifyTiming, verify_rounds
+from specdec.wire import PLAIN_STEP
 from verify_service.settings import VerifySettings
 from verify_service.tensor_parallel import TensorParallelLeader
 
 OPEN, VERIFY = "open", "verify"  # the calls a model step takes (step_many)
-PLAIN_STEP = -1  # the index next_round_choice tags a plain step with (no guess matched)
 CALIBRATION_SESSION = "calibration"  # opened on the ranks and closed again before serving starts
 
 
@@ -96,6 +96,12 @@ class VerifyService:
         open_results, round_results = (iter(results) for results in self._step(opens, rounds))
         return [next(open_results) if kind == OPEN else next(round_results) for kind in kinds]
 
+    def check_draft_length(self, draft_tokens: Sequence[int], field: str = "draft_token_ids") -> None:
+        """Raises InvalidFieldError(field) for a draft longer than max_speculative_tokens."""
+        limit = self.settings.max_speculative_tokens
+        if len(draft_tokens) > limit:
+            raise InvalidFieldError(field, f"{len(draft_tokens)} tokens exceed the limit of {limit}")
+
     def next_round_choice(self, session_id: str, after_base_len: int, rounds: Sequence[GuessedRound],
                           plain_otherwise: bool) -> FollowUpChoice:
         """For the step batcher's follow-up: given the result of the session's last round (verdict, timing, length),
@@ -139,9 +145,7 @@ class VerifyService:
         jobs: list[tuple[int, VerifyJob]] = []
         for index, (session_id, base_len, draft_tokens, draft_probs) in enumerate(rounds):
             try:
-                if len(draft_tokens) > self.settings.max_speculative_tokens:
-                    raise InvalidFieldError("draft_token_ids", f"{len(draft_tokens)} tokens exceed the limit of "
-                                            f"{self.settings.max_speculative_tokens}")
+                self.check_draft_length(draft_tokens)
                 session = self.sessions.get(session_id)
                 jobs.append((index, VerifyJob(session.kv, session_id, base_len, draft_tokens, draft_probs,
                                               session.params)))

@@ -111,9 +111,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             raise InvalidFieldError(f"{field}.verdict.next_token_id", "must be set")
         [next_token] = check_token_ids([guessed.verdict.next_token_id], vocab_size, f"{field}.verdict.next_token_id")
         drafts = check_token_ids(guessed.draft_token_ids, vocab_size, f"{field}.draft_token_ids")
-        limit = self.service.settings.max_speculative_tokens
-        if len(drafts) > limit:
-            raise InvalidFieldError(f"{field}.draft_token_ids", f"{len(drafts)} tokens exceed the limit of {limit}")
+        self.service.check_draft_length(drafts, f"{field}.draft_token_ids")
         probs = probs_from_proto(guessed.draft_probs, len(drafts), vocab_size, f"{field}.draft_probs")
         return GuessedRound(guessed.verdict.num_accepted, next_token, drafts, probs)
 

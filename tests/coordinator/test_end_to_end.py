@@ -225,8 +225,8 @@ def test_guess_lanes_end_right_after_hits_and_misses(stack):
                 verdict = verdict_future.result()
                 committed += [*verdict.accepted_token_ids, verdict.next_token_id]
                 selected = [(call, reply) for g, call, reply in zip(guessed, calls, predrafts)
-                            if g.matches(len(verdict.accepted_token_ids), verdict.next_token_id,
-                                         reply.draft_token_ids)]
+                            if g.verdict(reply.draft_token_ids) == (len(verdict.accepted_token_ids),
+                                                                   verdict.next_token_id)]
                 fresh_id = f"{session_id}-fresh-{len(committed)}"
                 drafter.OpenSession(drafter_pb2.OpenDraftSessionRequest(
                     session_id=fresh_id, prompt_token_ids=committed, sampling=sampling), timeout=30)

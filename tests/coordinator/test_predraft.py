@@ -22,10 +22,11 @@ def test_a_guess_names_the_sequence_to_draft_after_and_the_verdict_it_stands_for
     assert Guess(3, None).sequence(committed, BLOCK) == [1, 2, 11, 12, 13]
     assert Guess(1, 22).sequence(committed, BLOCK) == [1, 2, 11, 22]
     # "all accepted": the verdict's bonus token must be what the lane drafted first.
-    assert Guess(3, None).matches(3, 40, [40, 41])
-    assert not Guess(3, None).matches(3, 40, [41, 40]) and not Guess(3, None).matches(2, 40, [40])
-    assert Guess(1, 22).matches(1, 22, [50]) and not Guess(1, 22).matches(1, 23, [50])
-    assert not Guess(1, 22).matches(2, 22, [50])
+    assert Guess(3, None).verdict([40, 41]) == (3, 40)
+    assert Guess(3, None).verdict([41, 40]) != (3, 40) and Guess(3, None).verdict([40]) != (2, 40)
+    assert Guess(3, None).verdict([]) is None  # the lane drafted nothing: no verdict to match
+    assert Guess(1, 22).verdict([50]) == (1, 22) and Guess(1, 22).verdict([50]) != (1, 23)
+    assert Guess(1, 22).verdict([50]) != (2, 22)
 
 
 def test_a_lane_syncs_through_the_longest_prefix_it_shares_with_the_new_sequence():
