@@ -80,6 +80,8 @@ def parser() -> argparse.ArgumentParser:
     load.add_argument("--seed", type=int, default=0, help="prompt choice, request seeds and arrivals")
     load.add_argument("--request-timeout-s", type=float, default=300.0)
     load.add_argument("--warmup", type=int, default=2, help="unmeasured requests per mode before the sweep")
+    load.add_argument("--repeats", type=int, default=1,
+                      help="runs of each (load, prompt set) pair, modes alternating; ratios are their medians [1]")
     p.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT, help="output directory [load_tests/results]")
     return p
 
@@ -90,11 +92,13 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
         raise SystemExit(f"--prompt-sets: choose from {', '.join(PROMPT_SETS)}")
     if not args.concurrency and not args.rates:
         raise SystemExit("give at least one --concurrency level or --rates value")
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be at least 1")
     return SweepConfig(concurrency=args.concurrency, rates=args.rates, prompt_sets=args.prompt_sets,
                        modes=args.modes, requests=args.requests, duration_s=args.duration_s,
                        max_new_tokens=args.max_new_tokens, num_speculative_tokens=args.gamma,
                        temperature=args.temperature, stop=tuple(args.stop), seed=args.seed,
-                       request_timeout_s=args.request_timeout_s, warmup=args.warmup)
+                       request_timeout_s=args.request_timeout_s, warmup=args.warmup, repeats=args.repeats)
 
 
 def write_outputs(report: dict, out: pathlib.Path) -> list[pathlib.Path]:

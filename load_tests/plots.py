@@ -2,12 +2,14 @@
 
 One pair of figures per (load kind, prompt set): `latency_<kind>_<set>.png` (TTFT, ITL, TPOT and e2e; p50
 solid, p90 dashed, p99 dotted) and `throughput_<kind>_<set>.png` (output tokens/s, requests/s, and the
-spec/plain ratios with the break-even line at 1).
+spec/plain ratios with the break-even line at 1). A level run several times (--repeats) is drawn at the median
+of its runs.
 """
 
 from __future__ import annotations
 
 import pathlib
+import statistics
 
 import matplotlib
 
@@ -38,8 +40,13 @@ def _x_axis(axis, kind: str, levels: list[dict]) -> None:
 
 
 def _series(levels: list[dict], mode: str, value) -> tuple[list[float], list[float]]:
-    points = sorted((_x(lv), value(lv)) for lv in levels if lv["mode"] == mode and value(lv) is not None)
-    return [p[0] for p in points], [p[1] for p in points]
+    """One mode's points against load: per load the value, or the median over the runs of a repeated level."""
+    by_x: dict[float, list[float]] = {}
+    for level in levels:
+        if level["mode"] == mode and value(level) is not None:
+            by_x.setdefault(_x(level), []).append(value(level))
+    xs = sorted(by_x)
+    return xs, [statistics.median(by_x[x]) for x in xs]
 
 
 def latency_figure(levels: list[dict], kind: str, title: str, path: pathlib.Path) -> pathlib.Path:
@@ -70,6 +77,9 @@ def throughput_figure(levels: list[dict], comparisons: list[dict], kind: str, ti
             xs, ys = _series(levels, mode, lambda lv: lv[key])
             if xs:
                 axis.plot(xs, ys, "-", color=color, marker="o", label=mode)
+            runs = [(_x(lv), lv[key]) for lv in levels if lv["mode"] == mode]
+            if len(runs) > len(xs):  # repeated levels: every run, faint, around the median
+                axis.plot([x for x, _ in runs], [y for _, y in runs], "x", color=color, alpha=0.5)
         axis.set_title(label)
         axis.legend(fontsize=8)
         _x_axis(axis, kind, levels)

@@ -1,12 +1,13 @@
 """Figures per level, spec/plain comparisons, and the JSON, CSV and text forms of a sweep's report.
 
-JSON report (one file, `schema_version` 1):
+JSON report (one file, `schema_version` 2):
     config       the sweep's settings (levels, prompt sets, γ, max_new_tokens, bounds, seed, ...)
     server       the coordinator's Info (models, replicas, default γ, overlap, limits)
     environment  host, Python, CPU count, start time (UTC)
     levels       one object per run level, in the order run (LEVEL_FIELDS, `latency_ms` and `speculation`)
     comparisons  one object per (load, prompt set): spec/plain ratios of the median e2e latency, of the
-                 output-token throughput, of median TTFT and median TPOT
+                 output-token throughput, of median TTFT and median TPOT, each the median over the pair's runs
+                 (`repeats`), with every run's throughput and e2e ratios and the levels compared
     requests     one object per request (level id, status, times in ms, tokens, speculation stats)
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import csv
 import json
 import pathlib
+import statistics
 from collections import Counter
 from collections.abc import Sequence
 
@@ -22,10 +24,10 @@ import numpy as np
 
 from load_tests.generator import RequestResult
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: levels carry `repeat`; comparisons are medians over a pair's runs
 PERCENTILES = (50, 90, 99)
 LATENCY_METRICS = ("ttft", "itl", "tpot", "e2e")
-LEVEL_FIELDS = ("level_id", "order", "load", "concurrency", "rate_rps", "prompt_set", "mode",
+LEVEL_FIELDS = ("level_id", "order", "load", "concurrency", "rate_rps", "prompt_set", "mode", "repeat",
                 "num_speculative_tokens", "requests", "ok", "errors", "errors_by_status", "finish_reasons",
                 "stopped_by", "wall_s", "request_throughput_rps", "output_tokens", "output_token_throughput_tps",
                 "prompt_tokens")
@@ -111,26 +113,40 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     return round(numerator / denominator, 4)
 
 
-def comparisons(levels: Sequence[dict]) -> list[dict]:
-    """Per (load, prompt set) with both modes: spec/plain ratios. Below 1 is better for the latency
-    ratios, above 1 for the throughput ratio."""
-    by_key: dict[tuple, dict[str, dict]] = {}
-    for level in levels:
-        key = (level["load"], level["concurrency"], level["rate_rps"], level["prompt_set"])
-        by_key.setdefault(key, {})[level["mode"]] = level
-    rows = []
-    for (load, concurrency, rate, prompt_set), modes in by_key.items():
-        if "spec" not in modes or "plain" not in modes:
-            continue
-        spec, plain = modes["spec"], modes["plain"]
-        rows.append({
-            "load": load, "concurrency": concurrency, "rate_rps": rate, "prompt_set": prompt_set,
-            "spec_level_id": spec["level_id"], "plain_level_id": plain["level_id"],
-            "e2e_p50_ratio": _ratio(spec["latency_ms"]["e2e"]["p50"], plain["latency_ms"]["e2e"]["p50"]),
+def run_ratios(spec: dict, plain: dict) -> dict:
+    """One run's spec/plain ratios (None where a figure is missing)."""
+    return {"e2e_p50_ratio": _ratio(spec["latency_ms"]["e2e"]["p50"], plain["latency_ms"]["e2e"]["p50"]),
             "output_token_throughput_ratio": _ratio(spec["output_token_throughput_tps"],
                                                     plain["output_token_throughput_tps"]),
             "ttft_p50_ratio": _ratio(spec["latency_ms"]["ttft"]["p50"], plain["latency_ms"]["ttft"]["p50"]),
-            "tpot_p50_ratio": _ratio(spec["latency_ms"]["tpot"]["p50"], plain["latency_ms"]["tpot"]["p50"]),
+            "tpot_p50_ratio": _ratio(spec["latency_ms"]["tpot"]["p50"], plain["latency_ms"]["tpot"]["p50"])}
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [value for value in values if value is not None]
+    return round(statistics.median(present), 4) if present else None
+
+
+def comparisons(levels: Sequence[dict]) -> list[dict]:
+    """Per (load, prompt set) with both modes: spec/plain ratios, each the median over the runs that have both
+    modes. Below 1 is better for the latency ratios, above 1 for the throughput ratio."""
+    by_key: dict[tuple, dict[int, dict[str, dict]]] = {}
+    for level in levels:
+        key = (level["load"], level["concurrency"], level["rate_rps"], level["prompt_set"])
+        by_key.setdefault(key, {}).setdefault(level.get("repeat", 0), {})[level["mode"]] = level
+    rows = []
+    for (load, concurrency, rate, prompt_set), runs in by_key.items():
+        paired = [modes for _, modes in sorted(runs.items()) if "spec" in modes and "plain" in modes]
+        if not paired:
+            continue
+        ratios = [run_ratios(modes["spec"], modes["plain"]) for modes in paired]
+        rows.append({
+            "load": load, "concurrency": concurrency, "rate_rps": rate, "prompt_set": prompt_set,
+            "repeats": len(paired), "spec_level_ids": [modes["spec"]["level_id"] for modes in paired],
+            "plain_level_ids": [modes["plain"]["level_id"] for modes in paired],
+            **{name: _median([run[name] for run in ratios]) for name in ratios[0]},
+            "output_token_throughput_ratios": [run["output_token_throughput_ratio"] for run in ratios],
+            "e2e_p50_ratios": [run["e2e_p50_ratio"] for run in ratios],
         })
     return rows
 
@@ -196,23 +212,27 @@ def summary_text(report: dict) -> str:
     lines = [f"load test: {len(report['levels'])} levels, prompt sets {', '.join(config['prompt_sets'])}, "
              f"max_new_tokens {config['max_new_tokens']}, γ {config['num_speculative_tokens']} vs 0, "
              f"server {report['server'].get('target_model_id', '?')}",
-             f"{'load':>7} {'set':<8} {'mode':<5} {'ok/req':>9} {'e2e p50':>8} {'e2e p99':>8} {'ttft p50':>8} "
+             f"{'load':>7} {'set':<8} {'mode':<5} {'run':>3} {'ok/req':>9} {'e2e p50':>8} {'e2e p99':>8} {'ttft p50':>8} "
              f"{'tpot p50':>8} {'tok/s':>7} {'req/s':>6} {'α':>5} {'tok/rnd':>7}"]
     for level in sorted(report["levels"], key=lambda lv: (lv["prompt_set"], lv["load"], lv["concurrency"] or 0,
-                                                          lv["rate_rps"] or 0, lv["mode"] != "spec")):
+                                                          lv["rate_rps"] or 0, lv["mode"] != "spec",
+                                                          lv.get("repeat", 0))):
         latency, spec = level["latency_ms"], level["speculation"]
         lines.append(
-            f"{load_label(level):>7} {level['prompt_set']:<8} {level['mode']:<5} "
+            f"{load_label(level):>7} {level['prompt_set']:<8} {level['mode']:<5} {level.get('repeat', 0) + 1:>3} "
             f"{str(level['ok']) + '/' + str(level['requests']):>9} {_fmt(latency['e2e']['p50']):>8} "
             f"{_fmt(latency['e2e']['p99']):>8} {_fmt(latency['ttft']['p50']):>8} {_fmt(latency['tpot']['p50'], '.1f'):>8} "
             f"{level['output_token_throughput_tps']:>7.1f} {level['request_throughput_rps']:>6.2f} "
             f"{_fmt(spec['acceptance_rate'], '.2f'):>5} {_fmt(spec['mean_accepted_length'], '.2f'):>7}")
-    lines.append("spec/plain (latency < 1 and throughput > 1 favour speculation):")
+    lines.append("spec/plain (latency < 1 and throughput > 1 favour speculation; medians over the runs):")
     for row in report["comparisons"]:
         label = f"c={row['concurrency']}" if row["load"] == "concurrency" else f"{row['rate_rps']:g}/s"
+        runs = "" if row["repeats"] < 2 else "  runs tok/s " + " ".join(
+            f"×{_fmt(ratio, '.2f')}" for ratio in row["output_token_throughput_ratios"])
         lines.append(f"{label:>7} {row['prompt_set']:<8} e2e p50 ×{_fmt(row['e2e_p50_ratio'], '.2f')}  "
                      f"tok/s ×{_fmt(row['output_token_throughput_ratio'], '.2f')}  "
-                     f"ttft p50 ×{_fmt(row['ttft_p50_ratio'], '.2f')}  tpot p50 ×{_fmt(row['tpot_p50_ratio'], '.2f')}")
+                     f"ttft p50 ×{_fmt(row['ttft_p50_ratio'], '.2f')}  tpot p50 ×{_fmt(row['tpot_p50_ratio'], '.2f')}"
+                     + runs)
     errors = sum(level["errors"] for level in report["levels"])
     if errors:
         totals = Counter()

@@ -2,7 +2,9 @@
 
 The two modes of a (load, prompt set) pair run one right after the other with the same prompts in the
 same order, and the order inside a pair alternates (spec first, then plain first, ...), so drift on a
-noisy machine hits both modes alike and the ratios stay fair.
+noisy machine hits both modes alike and the ratios stay fair. With repeats, a pair runs that many times in a
+row, still alternating (spec plain, plain spec, spec plain, ...), and the report's ratios are the medians of
+the runs' ratios.
 """
 
 from __future__ import annotations
@@ -54,10 +56,12 @@ class LevelPlan:
     mode: str
     requests: int
     pair: int  # index of the (load, prompt set) pair: both modes share it, and so their arrival times
+    repeat: int = 0  # which run of the pair (0 = the first)
 
     @property
     def level_id(self) -> str:
-        return f"{self.load.label}-{self.prompt_set}-{self.mode}"
+        suffix = f"-{self.repeat + 1}" if self.repeat else ""
+        return f"{self.load.label}-{self.prompt_set}-{self.mode}{suffix}"
 
 
 @dataclass
@@ -77,6 +81,7 @@ class SweepConfig:
     seed: int = 0
     request_timeout_s: float = 300.0
     warmup: int = 2  # unmeasured requests per mode before the first level
+    repeats: int = 1  # runs of each (load, prompt set) pair; the ratios reported are the medians over them
 
     def requests_for(self, load: Load) -> int:
         if self.requests > 0:
@@ -87,18 +92,22 @@ class SweepConfig:
         return max(8, math.ceil(20 * load.value))
 
     def plan(self) -> list[LevelPlan]:
-        """Levels in run order: loads ascending (closed loop first), each prompt set, the two modes
-        back to back with alternating order."""
+        """Levels in run order: loads ascending (closed loop first), each prompt set `repeats` times, the two
+        modes back to back with alternating order."""
         unknown = set(self.modes) - set(MODES)
         if unknown or not self.modes:
             raise ValueError(f"modes must be among {MODES}, got {self.modes}")
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be at least 1, got {self.repeats}")
         loads = ([Load("concurrency", c) for c in sorted(set(self.concurrency))]
                  + [Load("rate", r) for r in sorted(set(self.rates))])
         levels: list[LevelPlan] = []
         for pair, (load, prompt_set) in enumerate((ld, ps) for ld in loads for ps in self.prompt_sets):
-            modes = self.modes if pair % 2 == 0 else tuple(reversed(self.modes))
-            for mode in modes:
-                levels.append(LevelPlan(len(levels), load, prompt_set, mode, self.requests_for(load), pair))
+            for repeat in range(self.repeats):
+                modes = self.modes if (pair + repeat) % 2 == 0 else tuple(reversed(self.modes))
+                for mode in modes:
+                    levels.append(LevelPlan(len(levels), load, prompt_set, mode, self.requests_for(load), pair,
+                                            repeat))
         return levels
 
 
@@ -181,7 +190,7 @@ class Sweep:
                 identity = {"level_id": level.level_id, "order": level.order, "load": level.load.kind,
                             "concurrency": int(level.load.value) if level.load.kind == "concurrency" else None,
                             "rate_rps": level.load.value if level.load.kind == "rate" else None,
-                            "prompt_set": level.prompt_set, "mode": level.mode,
+                            "prompt_set": level.prompt_set, "mode": level.mode, "repeat": level.repeat,
                             "num_speculative_tokens": 0 if level.mode == "plain" else spec_gamma}
                 summary = summarize_level(identity, outcome.results, outcome.wall_s, outcome.stopped_by)
                 levels.append(summary)

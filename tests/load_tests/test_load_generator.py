@@ -11,7 +11,8 @@ from demo_pair.corpus import CorpusFile
 from load_tests.cli import is_loopback, main
 from load_tests.generator import RequestResult, poisson_offsets
 from load_tests.prompts import code_prompts, grounded_prompts, word_prompts
-from load_tests.report import LATENCY_METRICS, LEVEL_FIELDS, PERCENTILES, SPECULATION_FIELDS, summarize_level
+from load_tests.report import (LATENCY_METRICS, LEVEL_FIELDS, PERCENTILES, SPECULATION_FIELDS, comparisons,
+                               summarize_level)
 from load_tests.sweep import Load, SweepConfig
 
 REPORT_KEYS = {"schema_version", "config", "server", "environment", "levels", "comparisons", "requests"}
@@ -29,7 +30,7 @@ def test_tiny_sweep_against_real_servers(tiny_pair_dirs, tmp_path, capsys):
     assert "spec/plain" in printed and printed.count("] ") >= 6  # a progress line per level, then the summary
 
     assert json.loads((out / "report.json").read_text()) == report
-    assert set(report) == REPORT_KEYS and report["schema_version"] == 1
+    assert set(report) == REPORT_KEYS and report["schema_version"] == 2
     levels = report["levels"]
     assert len(levels) == 6  # (c=1, c=2, 20/s) x (spec, plain)
     assert [lv["order"] for lv in levels] == list(range(6))
@@ -68,6 +69,7 @@ def test_tiny_sweep_against_real_servers(tiny_pair_dirs, tmp_path, capsys):
 
     assert len(report["comparisons"]) == 3
     for row in report["comparisons"]:
+        assert row["repeats"] == 1 and len(row["spec_level_ids"]) == len(row["output_token_throughput_ratios"]) == 1
         for key in ("e2e_p50_ratio", "output_token_throughput_ratio", "ttft_p50_ratio", "tpot_p50_ratio"):
             assert row[key] is not None and row[key] > 0
     assert report["server"]["target_model_id"] == str(target_dir)
@@ -113,6 +115,32 @@ def test_plan_interleaves_modes_and_sizes_levels():
         (Load("concurrency", 1), "grounded", "plain"), (Load("concurrency", 1), "grounded", "spec")]
     assert [lv.requests for lv in plan] == [16] * 4 + [24] * 4 + [10] * 4
     assert plan[-1].level_id == "r0.5-grounded-spec" and plan[-1].pair == plan[-2].pair
+
+
+def test_repeated_pairs_run_back_to_back_alternating_and_numbered():
+    plan = SweepConfig(concurrency=(16,), prompt_sets=("code",), repeats=3).plan()
+    assert [(lv.level_id, lv.repeat) for lv in plan] == [
+        ("c16-code-spec", 0), ("c16-code-plain", 0), ("c16-code-plain-2", 1), ("c16-code-spec-2", 1),
+        ("c16-code-spec-3", 2), ("c16-code-plain-3", 2)]
+    with pytest.raises(ValueError, match="repeats"):
+        SweepConfig(repeats=0).plan()
+
+
+def test_comparisons_are_medians_over_the_runs():
+    def level(mode: str, repeat: int, tps: float, e2e_ms: float) -> dict:
+        figures = {"p50": e2e_ms}
+        return {"load": "concurrency", "concurrency": 16, "rate_rps": None, "prompt_set": "code", "mode": mode,
+                "repeat": repeat, "level_id": f"{mode}-{repeat}", "output_token_throughput_tps": tps,
+                "latency_ms": {"e2e": figures, "ttft": figures, "tpot": figures}}
+
+    runs = [(100.0, 110.0), (90.0, 100.0), (120.0, 100.0)]  # (spec tok/s, plain tok/s) per run
+    levels = [level(mode, repeat, tps, 1000.0 if mode == "spec" else 2000.0)
+              for repeat, pair in enumerate(runs) for mode, tps in zip(("spec", "plain"), pair)]
+    levels.append(level("spec", 3, 500.0, 10.0))  # a run without its plain half is left out
+    [row] = comparisons(levels)
+    assert row["repeats"] == 3 and row["spec_level_ids"] == ["spec-0", "spec-1", "spec-2"]
+    assert row["output_token_throughput_ratios"] == [0.9091, 0.9, 1.2]
+    assert row["output_token_throughput_ratio"] == 0.9091 and row["e2e_p50_ratio"] == 0.5
 
 
 def test_prompt_sets_are_deterministic():
