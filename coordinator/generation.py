@@ -35,8 +35,9 @@ from opentelemetry.context import Context
 from coordinator.predraft import DraftLane, Guess, VerdictHistory, assign_lanes, guesses
 from coordinator.replicas import Replica
 from coordinator.request_telemetry import RemoteCall, RequestTelemetry
+from coordinator.speculation_gate import CONTESTED_GAIN, CONTESTED_ROWS, SpeculationGate
 from coordinator.speculation_policy import (AcceptanceRate, RoundTimes, affordable_guesses, choose_gamma,
-                                           fresh_draft_pays, round_ns)
+                                           fresh_draft_pays, round_ns, speculation_gain)
 from coordinator.text_stream import Chunk, TextStream
 from specdec.errors import DownstreamUnavailableError
 from specdec.sampling import SamplingParams
@@ -192,10 +193,12 @@ class Generation:
     def __init__(self, plan: GenerationPlan, draft: Replica | None, verify: Replica, text: TextStream,
                  call_timeout_s: float, telemetry: RequestTelemetry | None = None,
                  on_draft_unavailable: Callable[[Replica], None] | None = None,
-                 acceptance: AcceptanceRate | None = None, round_times: RoundTimes | None = None):
+                 acceptance: AcceptanceRate | None = None, round_times: RoundTimes | None = None,
+                 gate: SpeculationGate | None = None):
         self.plan = plan
         self.acceptance = acceptance  # the coordinator-wide α; None: every block drafts plan.gamma tokens
         self.round_times = round_times  # with acceptance: coordinator-wide realized vs predicted round times
+        self.gate = gate  # coordinator-wide measured throughput each way; None: the γ policy alone decides
         self.on_draft_unavailable = on_draft_unavailable  # e.g. take the replica out of placement
         self.draft = draft if plan.gamma > 0 else None
         self._draft_holding_session = self.draft  # still closed at the end if the drafter fails mid-request
@@ -224,6 +227,8 @@ class Generation:
         """Opens both sessions, runs rounds until a stop rule fires, and always closes the sessions."""
         plan = self.plan
         with self.telemetry.request(plan.request_id, len(plan.prompt_ids), plan.gamma, plan.overlap):
+            if self.gate is not None:
+                self.gate.enter()
             try:
                 await self._open_sessions()
                 async with contextlib.aclosing(self._rounds()) as rounds:  # ends after the chunk with a finish reason
@@ -231,6 +236,8 @@ class Generation:
                         self.telemetry.emitted(len(chunk.token_ids))
                         yield chunk
             finally:
+                if self.gate is not None:
+                    self.gate.leave()
                 self.stats.total_ns = self.elapsed_ns()
                 await asyncio.shield(self._close_sessions())
                 stats = self.stats
@@ -334,8 +341,12 @@ class Generation:
         """The next block's γ: plan.gamma, or with adaptive γ the policy's choice within [0, plan.gamma]."""
         if not self._adaptive():
             return self.plan.gamma
-        return choose_gamma(self._alpha(), self.plan.gamma, self.verify.load, self.draft.load, self._hit_rate(),
-                            self.round_times)
+        policy = (self._alpha(), self.plan.gamma, self.verify.load, self.draft.load, self._hit_rate(), self.round_times)
+        gamma = choose_gamma(*policy)
+        if gamma and self.gate is not None and not self.gate.allows_speculation(
+                contested=self.verify.load.rows >= CONTESTED_ROWS and speculation_gain(*policy) < CONTESTED_GAIN):
+            return 0  # the gate measured plain rounds faster at this load (or is measuring them)
+        return gamma
 
     def _time_round(self, drafted: int, started_ns: int) -> None:
         """Compares the round that just got its verdict (from when its block was awaited) with the model's
@@ -540,6 +551,8 @@ class Generation:
                 self._judged += judged
                 self.acceptance.observe(judged, accepted)
             self.committed.extend([*verdict.accepted_token_ids, verdict.next_token_id])
+            if self.gate is not None:
+                self.gate.committed(accepted + 1)
             return self.text.add([*verdict.accepted_token_ids, verdict.next_token_id])
 
     async def _rounds(self) -> AsyncIterator[Chunk]:

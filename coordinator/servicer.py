@@ -13,8 +13,10 @@ from coordinator.replicas import ReplicaPool
 from coordinator.request_guard import GuardedRequest, RequestGuard
 from coordinator.request_telemetry import RequestTelemetry
 from coordinator.settings import CoordinatorSettings
+from coordinator.speculation_gate import SpeculationGate
 from coordinator.speculation_policy import AcceptanceRate, RoundTimes
 from coordinator.validation import plan_request
+from specdec.telemetry.metrics import speculation_metrics
 from specdec.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,11 @@ def stats_to_proto(stats: RequestStats, plan: GenerationPlan) -> coordinator_pb2
         seed=plan.params.seed, prompt_tokens=len(plan.prompt_ids))
 
 
+def _publish_gate_throughput(level: int, speculative: bool, tokens_per_s: float) -> None:
+    speculation_metrics().gate_throughput.labels(str(level), "speculative" if speculative else "plain").set(
+        tokens_per_s)
+
+
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     """Thin shell: every request becomes a Generation on the least-loaded draft and verify replicas."""
 
@@ -49,6 +56,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self.guard = guard or RequestGuard(settings)  # limits; with Redis also rate limits, journal, leases
         self.acceptance = AcceptanceRate() if settings.adaptive_gamma else None  # None: every round uses plan.gamma
         self.round_times = RoundTimes() if settings.adaptive_gamma else None
+        self.gate = SpeculationGate(on_measured=_publish_gate_throughput) \
+            if settings.adaptive_gamma and settings.speculation_gate else None
 
     async def _run(self, request: coordinator_pb2.GenerateRequest) -> AsyncIterator[coordinator_pb2.GenerateStreamResponse]:
         telemetry = RequestTelemetry()  # TTFT counts from here
@@ -66,7 +75,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         draft = self.draft_pool.acquire(required=False) if plan.gamma > 0 else None  # none healthy: plain decoding
         generation = Generation(plan, draft, verify, text, self.settings.call_timeout_s, telemetry,
                                 on_draft_unavailable=self.draft_pool.mark_unhealthy, acceptance=self.acceptance,
-                                round_times=self.round_times)
+                                round_times=self.round_times, gate=self.gate)
         try:
             async for chunk in generation.chunks():
                 reply = coordinator_pb2.GenerateStreamResponse(

@@ -37,6 +37,9 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
                                          "batch size (0 = plain decoding when speculation stops paying), and "
                                          "as many pre-draft guesses as fit inside a verification; off: always "
                                          "the request's γ and every guess")
+    speculation_gate: bool = setting(True, "with adaptive γ: where the policy predicts a small gain from "
+                                           "speculating, measure committed tokens/s in epochs with speculation and "
+                                           "epochs of plain rounds at each load, and keep the faster way")
     call_timeout_s: float = setting(30.0, "deadline of each internal call")
     startup_timeout_s: float = setting(300.0, "how long to wait for the replicas to come up")
     grace_s: float = setting(10.0, "seconds in-flight requests get to finish after SIGTERM")

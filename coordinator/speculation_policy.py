@@ -170,6 +170,20 @@ def round_ns(gamma: int, verify: PassLoad, draft: PassLoad | None, predraft_hit_
     return (1.0 - predraft_hit_rate) * (draft_ns + others_pass_ns) + verify_ns
 
 
+def round_rates(alpha: float, max_gamma: int, verify: PassLoad, draft: PassLoad,
+                predraft_hit_rate: float | None = None, round_times: RoundTimes | None = None) -> list[float]:
+    """Expected committed tokens per ns of a round of each γ in [0, max_gamma] (index γ; 0 = plain decoding),
+    each kind's predicted round time scaled by its measured slowdown (round_times)."""
+    def slowdown(speculative: bool) -> float:
+        return round_times.slowdown(speculative, verify.rows) if round_times is not None else 1.0
+
+    rates = [1.0 / max(round_ns(0, verify, draft) * slowdown(False), 1.0)]
+    for gamma in range(1, max_gamma + 1):
+        predicted_ns = round_ns(gamma, verify, draft, predraft_hit_rate) * slowdown(True)
+        rates.append(expected_tokens(alpha, gamma) / max(predicted_ns, 1.0))
+    return rates
+
+
 def choose_gamma(alpha: float, max_gamma: int, verify: PassLoad, draft: PassLoad | None,
                  predraft_hit_rate: float | None = None, round_times: RoundTimes | None = None) -> int:
     """The γ in [0, max_gamma] with the most expected committed tokens per unit time (0 = plain decoding),
@@ -180,19 +194,17 @@ def choose_gamma(alpha: float, max_gamma: int, verify: PassLoad, draft: PassLoad
     recheck = round_times.claim_recheck(verify.rows) if round_times is not None and max_gamma > 0 else None
     if recheck is False:
         return 0
-
-    def slowdown(speculative: bool) -> float:
-        return round_times.slowdown(speculative, verify.rows) if round_times is not None else 1.0
-
-    best_gamma, best_rate = 0, 1.0 / max(round_ns(0, verify, draft) * slowdown(False), 1.0)
+    rates = round_rates(alpha, max_gamma, verify, draft, predraft_hit_rate, round_times)
     if recheck:
-        best_rate = 0.0  # any speculative γ beats plain decoding this round
-    for gamma in range(1, max_gamma + 1):
-        predicted_ns = round_ns(gamma, verify, draft, predraft_hit_rate) * slowdown(True)
-        rate = expected_tokens(alpha, gamma) / max(predicted_ns, 1.0)
-        if rate > best_rate:
-            best_gamma, best_rate = gamma, rate
-    return best_gamma
+        rates[0] = 0.0  # any speculative γ beats plain decoding this round
+    return max(range(len(rates)), key=lambda gamma: (rates[gamma], -gamma))
+
+
+def speculation_gain(alpha: float, max_gamma: int, verify: PassLoad, draft: PassLoad,
+                     predraft_hit_rate: float | None = None, round_times: RoundTimes | None = None) -> float:
+    """The predicted speedup of the best speculative γ over plain decoding (expected tokens per unit time)."""
+    rates = round_rates(alpha, max_gamma, verify, draft, predraft_hit_rate, round_times)
+    return max(rates[1:], default=0.0) / rates[0]
 
 
 def fresh_draft_pays(alpha: float, gamma: int, verify: PassLoad, draft: PassLoad,

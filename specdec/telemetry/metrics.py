@@ -14,6 +14,7 @@ GenerationStats, so summing the responses' stats gives the counters:
   predraft_attempts / _hits   specdec_predraft_attempts_total / specdec_predraft_hits_total
   chained_rounds              specdec_chained_rounds_total
   (coordinator-wide)          specdec_round_slowdown{kind,load}: realized / predicted round time
+  (coordinator-wide)          specdec_speculation_gate_tokens_per_second{load,way}: measured per way
   draft_ns, verify_ns, sampling_ns, wire_ns, prefill_ns
                               specdec_stage_duration_seconds_sum{stage="draft"|"verify"|"sampling"|"wire"|"prefill"}
   prompt_tokens               specdec_prompt_tokens_total
@@ -94,6 +95,10 @@ class SpeculationMetrics:
                                              "the previous one, divided over its tokens",
                                              buckets=ITL_BUCKETS, registry=registry)
         self.active_requests = Gauge(PREFIX + "active_requests", "Generations running now", registry=registry)
+        self.gate_throughput = Gauge(PREFIX + "speculation_gate_tokens_per_second",
+                                     "Committed tokens/s (all requests) the speculation gate measured, by load "
+                                     "(log2 of active generations) and way (speculative, plain): the faster way is "
+                                     "the one kept there", ["load", "way"], registry=registry)
         self.round_slowdown = Gauge(PREFIX + "round_slowdown", "Realized over predicted round time, by kind "
                                     "(speculative, plain) and load (log2 of sessions per verify pass); scales the "
                                     "γ policy's predictions", ["kind", "load"], registry=registry)
