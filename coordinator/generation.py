@@ -343,8 +343,11 @@ class Generation:
             return self.plan.gamma
         policy = (self._alpha(), self.plan.gamma, self.verify.load, self.draft.load, self._hit_rate(), self.round_times)
         gamma = choose_gamma(*policy)
-        if gamma and self.gate is not None and not self.gate.allows_speculation(
-                contested=self.verify.load.rows >= CONTESTED_ROWS and speculation_gain(*policy) < CONTESTED_GAIN):
+
+        def contested() -> bool:  # asked by the gate only when it needs the answer
+            return self.verify.load.rows >= CONTESTED_ROWS and speculation_gain(*policy) < CONTESTED_GAIN
+
+        if gamma and self.gate is not None and not self.gate.allows_speculation(contested):
             return 0  # the gate measured plain rounds faster at this load (or is measuring them)
         return gamma
 

@@ -13,10 +13,11 @@ would only cost, so none are run there.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from coordinator.speculation_policy import log2_level
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +70,6 @@ class SpeculationGate:
         self._kept: dict[int, bool] = {}  # level -> the way kept there (speculative or not), once measured
         self._epoch: Epoch | None = None
 
-    @staticmethod
-    def load_level(active: int) -> int:
-        """Generations running, on a log2 scale (1 -> 0, 2 -> 1, 16 -> 4)."""
-        return max(0, round(math.log2(max(active, 1))))
-
     def enter(self) -> None:
         self.active += 1
 
@@ -84,23 +80,24 @@ class SpeculationGate:
         """A round of any request committed `tokens` tokens."""
         self.tokens += tokens
         epoch = self._epoch
-        if epoch is not None and epoch.mark_s is None and self._clock() - epoch.started_s >= SETTLE_S:
-            epoch.mark_s, epoch.mark_tokens = self._clock(), self.tokens
+        if epoch is not None and epoch.mark_s is None and (now := self._clock()) - epoch.started_s >= SETTLE_S:
+            epoch.mark_s, epoch.mark_tokens = now, self.tokens
 
     def throughput(self, level: int, speculative: bool) -> WayThroughput:
         """The measured throughput of a way at a level (0 epochs: never measured)."""
         return self._ways.get(level, {}).get(speculative, WayThroughput())
 
-    def allows_speculation(self, contested: bool) -> bool:
-        """Whether this round may speculate. contested: the γ policy's predicted gain from speculating is small
-        enough (below CONTESTED_GAIN) that the gate should measure both ways at this load."""
-        now, level = self._clock(), self.load_level(self.active)
+    def allows_speculation(self, contested: Callable[[], bool]) -> bool:
+        """Whether this round may speculate. contested(): whether the γ policy's predicted gain from speculating is
+        small enough (below CONTESTED_GAIN) that the gate should measure both ways at this load; asked only when an
+        epoch starts or a plain one is in force (a speculative epoch's rounds need no prediction)."""
+        now, level = self._clock(), log2_level(self.active)
         epoch = self._epoch
         if epoch is None or epoch.level != level or now - epoch.started_s >= self._epoch_s:
             if epoch is not None and epoch.level == level:
                 self._record(epoch, now)
-            epoch = self._epoch = self._next_epoch(level, now, contested)
-        elif not contested and not epoch.speculative:
+            epoch = self._epoch = self._next_epoch(level, now, contested())
+        elif not epoch.speculative and not contested():
             return True  # this request's own prediction says speculate clearly: a plain epoch is not for it
         return epoch.speculative
 

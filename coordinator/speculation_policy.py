@@ -40,6 +40,11 @@ RECHECK_AFTER = 16  # rounds of one kind at a load after which the other kind ge
 MAX_STALE_WEIGHT = 0.5  # most weight one round's timing gets in its kind's averages, however stale they are
 
 
+def log2_level(count: float) -> int:
+    """A count (sessions per pass, generations running) rounded on a log2 scale: 1 -> 0, 2 -> 1, 16 -> 4."""
+    return max(0, round(math.log2(max(count, 1.0))))
+
+
 def expected_tokens(alpha: float, gamma: int) -> float:
     """Mean tokens one round commits: accepted drafts plus the recovered or bonus token."""
     if alpha >= 1.0:
@@ -110,7 +115,7 @@ class RoundTimes:
     @staticmethod
     def load_level(rows: float) -> int:
         """Sessions per verify pass, rounded on a log2 scale (1 -> 0, 2 -> 1, 16 -> 4)."""
-        return max(0, round(math.log2(max(rows, 1.0))))
+        return log2_level(rows)
 
     def observe(self, speculative: bool, rows: float, realized_ns: float, predicted_ns: float) -> None:
         """A round of that kind, with `rows` sessions per verify pass, took realized_ns where predicted_ns

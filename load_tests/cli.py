@@ -92,13 +92,16 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
         raise SystemExit(f"--prompt-sets: choose from {', '.join(PROMPT_SETS)}")
     if not args.concurrency and not args.rates:
         raise SystemExit("give at least one --concurrency level or --rates value")
-    if args.repeats < 1:
-        raise SystemExit("--repeats must be at least 1")
-    return SweepConfig(concurrency=args.concurrency, rates=args.rates, prompt_sets=args.prompt_sets,
+    config = SweepConfig(concurrency=args.concurrency, rates=args.rates, prompt_sets=args.prompt_sets,
                        modes=args.modes, requests=args.requests, duration_s=args.duration_s,
                        max_new_tokens=args.max_new_tokens, num_speculative_tokens=args.gamma,
                        temperature=args.temperature, stop=tuple(args.stop), seed=args.seed,
                        request_timeout_s=args.request_timeout_s, warmup=args.warmup, repeats=args.repeats)
+    try:
+        config.plan()  # modes, repeats: refused here, before a stack starts
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+    return config
 
 
 def write_outputs(report: dict, out: pathlib.Path) -> list[pathlib.Path]:

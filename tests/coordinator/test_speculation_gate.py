@@ -6,7 +6,7 @@ import pytest
 
 from coordinator.speculation_gate import (EPOCH_S, MIN_EPOCHS, RECHECK_CLOSE, RECHECK_WIDE, SETTLE_S,
                                           SpeculationGate)
-from coordinator.speculation_policy import PassLoad, speculation_gain
+from coordinator.speculation_policy import PassLoad, log2_level, speculation_gain
 from specdec.step_cost import StepCost
 
 MS = 1e6
@@ -22,12 +22,12 @@ class Clock:
 
 def run_epoch(gate: SpeculationGate, clock: Clock, tokens_per_s: dict[bool, float], contested: bool = True) -> bool:
     """One epoch: the way the gate picks at its start, then commits at that way's rate every 0.1 s."""
-    speculative = gate.allows_speculation(contested)
+    speculative = gate.allows_speculation(lambda: contested)
     start = clock.now
     while clock.now < start + EPOCH_S:
         clock.now += 0.1
         gate.committed(round(tokens_per_s[speculative] * 0.1))
-        assert gate.allows_speculation(contested) == speculative or clock.now >= start + EPOCH_S
+        assert gate.allows_speculation(lambda: contested) == speculative or clock.now >= start + EPOCH_S
     return speculative
 
 
@@ -58,14 +58,14 @@ def test_a_wide_gap_is_rechecked_less_often():
 
 def test_the_settling_start_of_an_epoch_is_not_measured():
     gate, clock = gate_at(1)
-    assert gate.allows_speculation(contested=True)
+    assert gate.allows_speculation(lambda: True)
     clock.now = SETTLE_S / 2
     gate.committed(1000)  # the previous way's rounds finishing: not counted
     clock.now = SETTLE_S
     gate.committed(10)  # the mark
     clock.now = EPOCH_S
     gate.committed(100)
-    gate.allows_speculation(contested=True)  # the next epoch starts: the first one is recorded
+    gate.allows_speculation(lambda: True)  # the next epoch starts: the first one is recorded
     assert gate.throughput(0, True).tokens_per_s == pytest.approx(100 / (EPOCH_S - SETTLE_S))
 
 
@@ -75,23 +75,32 @@ def test_an_uncontested_load_always_speculates_and_runs_no_plain_epoch():
     assert gate.throughput(0, False).epochs == 0
 
 
+def test_the_prediction_is_not_asked_for_during_a_speculative_epoch():
+    gate, clock = gate_at(16)
+    asked = []
+    assert gate.allows_speculation(lambda: asked.append(1) or True)  # the epoch starts: asked once
+    clock.now = 1.0
+    assert gate.allows_speculation(lambda: asked.append(1) or True)
+    assert len(asked) == 1
+
+
 def test_a_request_whose_gain_is_wide_speculates_through_a_plain_epoch():
     gate, clock = gate_at(16)
     run_epoch(gate, clock, {True: 100.0, False: 100.0})
-    assert not gate.allows_speculation(contested=True)  # the second epoch measures plain rounds
-    assert gate.allows_speculation(contested=False)
+    assert not gate.allows_speculation(lambda: True)  # the second epoch measures plain rounds
+    assert gate.allows_speculation(lambda: False)
 
 
 def test_a_change_of_load_starts_a_new_epoch_and_drops_the_unfinished_one():
     gate, clock = gate_at(16)
-    gate.allows_speculation(contested=True)
+    gate.allows_speculation(lambda: True)
     clock.now = 1.0
     gate.committed(10)
     for _ in range(12):
         gate.leave()  # 4 left: another load level
     clock.now = 2.0
-    gate.allows_speculation(contested=True)
-    assert gate.throughput(4, True).epochs == 0 and SpeculationGate.load_level(gate.active) == 2
+    gate.allows_speculation(lambda: True)
+    assert gate.throughput(4, True).epochs == 0 and log2_level(gate.active) == 2
 
 
 def test_the_gain_the_gate_consults_falls_as_the_batch_grows():
