@@ -59,20 +59,27 @@ class DraftJob:
 def next_tokens(jobs: Sequence[DraftJob], logits: Sequence[torch.Tensor]) -> list[int | Exception]:
     """Adds every job's next token, drawn from its logits row [V]; returns the tokens or the error of a job.
 
-    Greedy jobs are served together, one max and one top-k over their stacked rows, as logits_to_probs and
-    sample_token would pick one by one (the argmax, first index on ties); in a large batch of short steps the
-    per-row work would otherwise outweigh the model pass. A row with NaN or +inf, or no allowed token, goes
-    the one-by-one way, which reports it. Sampled jobs draw one by one from their own random streams.
+    Greedy jobs are served together, one top-k (or one max, without alternatives) over their stacked rows, as
+    logits_to_probs and sample_token would pick one by one (the argmax, first index on ties); in a large batch of
+    short steps the per-row work would otherwise outweigh the model pass. A row with NaN or +inf, or no allowed
+    token, goes the one-by-one way, which reports it; so does a row whose two largest logits tie, since top-k
+    leaves the order of equal values open. Sampled jobs draw one by one from their own random streams.
     """
     tokens: list[int | Exception | None] = [None] * len(jobs)
     greedy = [index for index, job in enumerate(jobs) if job.params.greedy]
     if greedy:
         stacked = torch.stack([logits[index] for index in greedy]).float()  # [G, V]
-        largest, first_largest = row_maxima(stacked)  # [G] each
-        usable = largest.isfinite().tolist()  # [G]
-        picked = first_largest.tolist()  # [G]
         width = min(max(jobs[index].num_alternatives for index in greedy) + 1, stacked.shape[-1])
-        ranked = stacked.topk(width, dim=-1).indices.tolist() if width > 1 else [[] for _ in greedy]  # [G, width]
+        if width > 1:
+            top_values, top_indices = stacked.topk(width, dim=-1)  # [G, width] each, largest first
+            usable = (top_values[:, 0].isfinite() & (top_values[:, 0] > top_values[:, 1])).tolist()  # [G]
+            ranked = top_indices.tolist()  # [G, width]
+            picked = [indices[0] for indices in ranked]  # [G]
+        else:
+            largest, first_largest = row_maxima(stacked)  # [G] each
+            usable = largest.isfinite().tolist()  # [G]
+            picked = first_largest.tolist()  # [G]
+            ranked = [[] for _ in greedy]
         for row, index in enumerate(greedy):
             if usable[row]:
                 jobs[index].take(picked[row], ranked[row])

@@ -44,3 +44,14 @@ def test_greedy_rows_together_pick_what_one_by_one_picks(tiny_pair):
     assert batched[1].alternatives == [[4, 3]] and batched[5].alternatives == []
     assert batched[0].result().probs is None  # greedy: q is one-hot, not sent
     assert batched[4].result().probs.shape == (1, 6)  # sampled: the q row it was drawn from
+
+
+def test_greedy_rows_without_alternatives_pick_the_first_largest(tiny_pair):
+    """No alternatives asked: one max over the rows (its first index on a tie), no top-k."""
+    _, draft = tiny_pair
+    rows = [LOGITS[0], LOGITS[1], LOGITS[3], LOGITS[5]]
+    batched = [DraftJob(KVSession(draft, [1, 2, 3]), 4, GREEDY, 0) for _ in rows]
+    tokens = next_tokens(batched, rows)
+    assert tokens[:2] == [1, 0] and tokens[3] == 0
+    assert isinstance(tokens[2], NonFiniteLogitsError)
+    assert all(job.alternatives == [] for job in batched)
