@@ -7,7 +7,7 @@ At each load level (active generations, log2) it runs epochs with speculation al
 round is plain (γ = 0 through the verifier), compares the tokens committed per second over all requests, and keeps
 the better way; the other is measured again now and then, more often while the two are close. Where the verifier
 does not batch, or the γ policy predicts a wide gain for speculation (its fixed pass cost dominates), plain epochs
-would only cost, so none are run there.
+would only cost, so none are run there. Speculation must win by a margin to be kept.
 """
 
 from __future__ import annotations
@@ -26,7 +26,11 @@ SETTLE_S = 0.5  # start of an epoch left out of its measurement (rounds of the p
 MIN_EPOCHS = 2  # epochs of each way at a level before the measured rates decide
 SMOOTHING = 0.3  # weight of the newest epoch in a way's running rate
 CLOSE_GAP = 0.15  # ways within this relative gap are "close": the slower one is measured again more often
-RECHECK_CLOSE = 4  # while close, every this many epochs runs the slower way
+RECHECK_CLOSE = 6  # while close, every this many epochs runs the slower way
+# Speculation is kept at a level only while it measures this much faster than plain rounds: each switch to it
+# costs outside the measured epochs (every draft lane catches up on the tokens plain rounds committed), and on a
+# tie plain rounds are the safe side.
+SPECULATION_MARGIN = 0.05
 RECHECK_WIDE = 16  # otherwise every this many
 CONTESTED_GAIN = 1.5  # the γ policy's predicted speedup of speculation below which the gate measures both ways
 CONTESTED_ROWS = 2.0  # ...where the verifier batches: sessions per pass, on average, from which it measures both
@@ -117,7 +121,7 @@ class SpeculationGate:
         speculative, plain = self.throughput(level, True), self.throughput(level, False)
         if min(speculative.epochs, plain.epochs) < MIN_EPOCHS:
             return Epoch(level, speculative.epochs <= plain.epochs, now)
-        faster = speculative.tokens_per_s >= plain.tokens_per_s
+        faster = speculative.tokens_per_s >= plain.tokens_per_s * (1 + SPECULATION_MARGIN)  # the way to keep
         if self._kept.get(level) != faster:
             self._kept[level] = faster
             log.info("speculation gate: %s at load level %d (%d running): speculative %.1f tok/s, plain %.1f tok/s",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from coordinator.speculation_gate import (EPOCH_S, MIN_EPOCHS, RECHECK_CLOSE, RECHECK_WIDE, SETTLE_S,
-                                          SpeculationGate)
+                                          SPECULATION_MARGIN, SpeculationGate)
 from coordinator.speculation_policy import PassLoad, log2_level, speculation_gain
 from specdec.step_cost import StepCost
 
@@ -48,6 +48,19 @@ def test_both_ways_are_measured_then_the_faster_is_kept_and_the_slower_rechecked
     assert kept.count(False) > kept.count(True) >= 1  # plain most of the time, speculation re-measured
     assert gate.throughput(4, False).tokens_per_s == pytest.approx(160.0, rel=0.05)
     assert gate.throughput(4, True).tokens_per_s == pytest.approx(150.0, rel=0.05)
+
+
+def test_speculation_faster_by_less_than_the_margin_gives_way_to_plain_rounds():
+    gate, clock = gate_at(16)
+    rates = {True: 160.0 * (1 + SPECULATION_MARGIN / 2), False: 160.0}
+    ways = [run_epoch(gate, clock, rates) for _ in range(2 * MIN_EPOCHS + 2 * RECHECK_CLOSE)]
+    kept = ways[2 * MIN_EPOCHS:]
+    assert kept.count(False) > kept.count(True) >= 1
+    gate, clock = gate_at(16)
+    rates = {True: 160.0 * (1 + 2 * SPECULATION_MARGIN), False: 160.0}
+    ways = [run_epoch(gate, clock, rates) for _ in range(2 * MIN_EPOCHS + 2 * RECHECK_CLOSE)]
+    kept = ways[2 * MIN_EPOCHS:]
+    assert kept.count(True) > kept.count(False) >= 1
 
 
 def test_a_wide_gap_is_rechecked_less_often():
