@@ -29,8 +29,8 @@ from specdec.kv_pool import KVPool, SequenceKV
 
 PACKED_ATTENTION = "specdec_packed"
 GRID_MAX_TOKENS = 16  # rows of at most this many new tokens attend on grids
-# Two short rows' slots this many idle slots apart or fewer share a grid: reading an idle slot costs less than a
-# call (~80 µs against ~50 µs for a slot of 300 positions, 4 heads, on CPU); further apart they split.
+# Two short rows' slots this many idle slots apart or fewer share a grid; further apart they split. On CPU an idle
+# slot of 300 positions costs about what one more call costs (~20 µs each, 3-4 heads of 64).
 GRID_MAX_IDLE_SLOTS = 1
 
 
