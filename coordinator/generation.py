@@ -37,7 +37,7 @@ from coordinator.replicas import Replica
 from coordinator.request_telemetry import RemoteCall, RequestTelemetry
 from coordinator.speculation_gate import CONTESTED_GAIN, CONTESTED_ROWS, SpeculationGate
 from coordinator.speculation_policy import (AcceptanceRate, RoundTimes, affordable_guesses, choose_gamma,
-                                           fresh_draft_pays, round_ns, speculation_gain)
+                                           fresh_draft_pays, log2_level, round_ns, speculation_gain)
 from coordinator.text_stream import Chunk, TextStream
 from specdec.errors import DownstreamUnavailableError
 from specdec.sampling import SamplingParams
@@ -358,7 +358,7 @@ class Generation:
             predicted = round_ns(drafted, self.verify.load, self.draft.load, self._hit_rate())
             rows, speculative = self.verify.load.rows, drafted > 0
             self.round_times.observe(speculative, rows, time.perf_counter_ns() - started_ns, predicted)
-            kind, load = "speculative" if speculative else "plain", str(self.round_times.load_level(rows))
+            kind, load = "speculative" if speculative else "plain", str(log2_level(rows))
             self.metrics.round_slowdown.labels(kind, load).set(self.round_times.slowdown(speculative, rows))
 
     def _block_size(self, tokens_before: int, gamma: int) -> int:

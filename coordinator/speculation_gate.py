@@ -27,11 +27,11 @@ MIN_EPOCHS = 2  # epochs of each way at a level before the measured rates decide
 SMOOTHING = 0.3  # weight of the newest epoch in a way's running rate
 CLOSE_GAP = 0.15  # ways within this relative gap are "close": the slower one is measured again more often
 RECHECK_CLOSE = 6  # while close, every this many epochs runs the slower way
+RECHECK_WIDE = 16  # otherwise every this many
 # Speculation is kept at a level only while it measures this much faster than plain rounds: each switch to it
 # costs outside the measured epochs (every draft lane catches up on the tokens plain rounds committed), and on a
 # tie plain rounds are the safe side.
 SPECULATION_MARGIN = 0.05
-RECHECK_WIDE = 16  # otherwise every this many
 CONTESTED_GAIN = 1.5  # the γ policy's predicted speedup of speculation below which the gate measures both ways
 CONTESTED_ROWS = 2.0  # ...where the verifier batches: sessions per pass, on average, from which it measures both
 

@@ -112,15 +112,10 @@ class RoundTimes:
         self._untimed_for: dict[tuple[int, bool], int] = {}
         self._rechecks: dict[tuple[int, bool], int] = {}  # re-timing rounds handed out: key -> its count then
 
-    @staticmethod
-    def load_level(rows: float) -> int:
-        """Sessions per verify pass, rounded on a log2 scale (1 -> 0, 2 -> 1, 16 -> 4)."""
-        return log2_level(rows)
-
     def observe(self, speculative: bool, rows: float, realized_ns: float, predicted_ns: float) -> None:
         """A round of that kind, with `rows` sessions per verify pass, took realized_ns where predicted_ns
         was predicted."""
-        level = self.load_level(rows)
+        level = log2_level(rows)
         timed = self._timed.setdefault((level, speculative), TimedRounds())
         stale_for = self._untimed_for.pop((level, speculative), 0)
         self._rechecks.pop((level, speculative), None)
@@ -135,7 +130,7 @@ class RoundTimes:
         """The kind (speculative or not) due for a round at this load, or None: a kind measured slower than the
         other there and not timed for RECHECK_AFTER rounds of the other (its ratio may be stale). The caller runs
         one round of it; it is handed out once (again only if RECHECK_AFTER more rounds pass untimed)."""
-        level = self.load_level(rows)
+        level = log2_level(rows)
         for speculative in (True, False):
             key = (level, speculative)
             stale_for = self._untimed_for.get(key, 0)
@@ -147,7 +142,7 @@ class RoundTimes:
 
     def slowdown(self, speculative: bool, rows: float) -> float:
         """How much longer that kind's rounds take than predicted at that load (1 until enough were timed)."""
-        timed = self._timed.get((self.load_level(rows), speculative), TimedRounds())
+        timed = self._timed.get((log2_level(rows), speculative), TimedRounds())
         if timed.rounds < MIN_TIMED_ROUNDS or timed.predicted_ns <= 0:
             return 1.0
         return timed.realized_ns / timed.predicted_ns
