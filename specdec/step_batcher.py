@@ -8,10 +8,8 @@ batching off (one call per step, in arrival order).
 
 In a disaggregated stack every step of a session is a round trip: its next call leaves the caller only
 after the previous reply arrived. Taking only what is queued would then split the sessions into groups that
-take turns, each paying a whole pass for part of the batch. So before a step the worker can wait, at most
-`max_wait_s`, for the sessions of the last step that are expected back at once (off by default: with follow-ups,
-below, most sessions come back within the pass; on the demo stack a 20 ms wait cost a median 8 % of the
-throughput at 16 sessions and gained nothing measurable at 2-8). A call says whether its session
+take turns, each paying a whole pass for part of the batch. So before a step the worker waits, at most
+`max_wait_s`, for the sessions of the last step that are expected back at once. A call says whether its session
 is, given its result (`follows`; a caller that knows, e.g. a coordinator that has the next block drafted only for
 some verdicts, says so); without it every session served is expected back, and a one-off call on a session (its
 close) ends the wait for it.
@@ -86,8 +84,8 @@ class StepBatchingSettings:
 
     max_batch_size: int = setting(32, "most calls run together in one model step (continuous batching; "
                                         "1 = off: one session per step)")
-    max_batch_wait_ms: float = setting(0.0, "longest a step waits for sessions of the last step whose next call "
-                                            "is on its way (0 = run what is queued)")
+    max_batch_wait_ms: float = setting(20.0, "longest a step waits for sessions of the last step whose next call "
+                                             "is on its way (0 = run what is queued)")
 
 
 class StepBatcher:
