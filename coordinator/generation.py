@@ -410,12 +410,13 @@ class Generation:
 
     def _start_predraft(self, block: DraftBlock, round_span: Context) -> Predraft | None:
         """Drafts the next block under guessed verdicts of `block`, one lane each, while it is verified. A plain
-        step (no drafted tokens) is pre-drafted under one guess: that the verifier's token is the draft's own."""
-        if not self.plan.overlap or self.draft is None:
+        step (no drafted tokens) is pre-drafted under one guess: that the verifier's token is the draft's own.
+        When the next round is itself plain (γ 0, or no drafter), there is nothing to draft: it is chained."""
+        if not self.plan.overlap:
             return None
-        gamma = self._gamma()
+        gamma = self._gamma() if self.draft is not None else 0
         if gamma == 0:
-            return None
+            return self._chain_plain_step(block, round_span)
         candidates = guesses(block.token_ids, block.alternatives, self.plan.ranked_alternatives)
         ranked = self.verdicts.rank(candidates)[:len(self.lanes)]
         verify_load, draft_load = self.verify.load, self.draft.load
@@ -453,6 +454,20 @@ class Generation:
 
         pending = Predraft([guess for guess, _ in calls], plain_on_miss=not self._fresh_draft_pays(gamma))
         pending.future = asyncio.ensure_future(predraft())
+        return pending
+
+    def _chain_plain_step(self, block: DraftBlock, round_span: Context) -> Predraft | None:
+        """Chained mode: hands the verifier the next round now, a plain step (a VerifyNext with no candidates), so
+        that it runs in the pass after this round's without a round trip through the coordinator (the verifier
+        would otherwise idle for that round trip between passes of plain steps); None when not chaining, or when
+        this round may end the request."""
+        if not self.plan.chain_rounds or self.remaining <= len(block.token_ids) + 1:
+            return None
+        pending = Predraft([], plain_on_miss=True)
+        pending.next_round = asyncio.ensure_future(self._verify_next(len(self.committed), [], True, round_span))
+        pending.next_round.add_done_callback(_retrieve_error)  # it may end unawaited (request over)
+        pending.future = asyncio.get_running_loop().create_future()
+        pending.future.set_result([])  # no pre-drafted candidates
         return pending
 
     def _fresh_draft_pays(self, gamma: int) -> bool:

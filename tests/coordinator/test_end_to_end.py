@@ -78,6 +78,7 @@ def test_plain_decoding_through_the_verifier(client, models):
     reply = client.generate(prompt, max_new_tokens=MAX_NEW, num_speculative_tokens=0, include_stats=True)
     assert list(reply.token_ids) == target_only_generate(target, prompt, SamplingParams(), MAX_NEW).token_ids
     assert reply.stats.drafted_tokens == 0 and reply.stats.rounds == len(reply.token_ids)
+    assert reply.stats.chained_rounds == reply.stats.rounds - 1  # each next step handed over ahead of its verdict
 
 
 def test_eight_concurrent_requests_each_match_their_reference(client, models):
