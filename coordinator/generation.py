@@ -447,9 +447,8 @@ class Generation:
                 if verdict is not None and block.token_ids:
                     candidates.append(Candidate(*verdict, block))
             if self.plan.chain_rounds and (candidates or pending.plain_on_miss):
-                pending.next_round = asyncio.ensure_future(self._verify_next(after_base_len, candidates,
-                                                                             pending.plain_on_miss, round_span))
-                pending.next_round.add_done_callback(_retrieve_error)  # it may end unawaited (request over)
+                pending.next_round = self._start_verify_next(after_base_len, candidates, pending.plain_on_miss,
+                                                             round_span)
             return candidates
 
         pending = Predraft([guess for guess, _ in calls], plain_on_miss=not self._fresh_draft_pays(gamma))
@@ -464,8 +463,7 @@ class Generation:
         if not self.plan.chain_rounds or self.remaining <= len(block.token_ids) + 1:
             return None
         pending = Predraft([], plain_on_miss=True)
-        pending.next_round = asyncio.ensure_future(self._verify_next(len(self.committed), [], True, round_span))
-        pending.next_round.add_done_callback(_retrieve_error)  # it may end unawaited (request over)
+        pending.next_round = self._start_verify_next(len(self.committed), [], True, round_span)
         pending.future = asyncio.get_running_loop().create_future()
         pending.future.set_result([])  # no pre-drafted candidates
         return pending
@@ -509,6 +507,13 @@ class Generation:
         else:
             return None, None  # the verifier runs none of them either
         return block, ChainedRound(predraft.next_round, index) if predraft.next_round is not None else None
+
+    def _start_verify_next(self, after_base_len: int, candidates: Sequence[Candidate], plain_otherwise: bool,
+                           round_span: Context) -> asyncio.Future:
+        """Sends _verify_next in the background; -> VerifyNextResponse."""
+        call = asyncio.ensure_future(self._verify_next(after_base_len, candidates, plain_otherwise, round_span))
+        call.add_done_callback(_retrieve_error)  # it may end unawaited (request over)
+        return call
 
     async def _verify_next(self, after_base_len: int, candidates: Sequence[Candidate], plain_otherwise: bool,
                            round_span: Context) -> verifier_pb2.VerifyNextResponse:
