@@ -3,6 +3,8 @@
     python -m load_tests --address 127.0.0.1:50051                    # against a running coordinator
     python -m load_tests --start-stack --threads 1                     # start draft/verify/coordinator here
     python -m load_tests --start-stack --concurrency 1,2,4,8,16 --rates 0.5,1,2 --max-new-tokens 128
+    python -m load_tests --start-stack --concurrency 16 --modes spec --repeats 3 --baseline-batching-off
+                                                                       # vs the same stack, batching off
 
 Writes `report.json` (every level, comparison and request), `levels.csv` (a row per level), PNG plots and
 `summary.txt` under --out, prints a progress line per level and the summary at the end. Only loopback
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ipaddress
 import pathlib
 import time
@@ -60,6 +63,14 @@ def parser() -> argparse.ArgumentParser:
     stack.add_argument("--verify-arg", action="append", default=[], metavar="FLAG", help="extra verify-service flag")
     stack.add_argument("--coordinator-arg", action="append", default=[], metavar="FLAG",
                        help="extra coordinator flag, e.g. --coordinator-arg=--no-overlap")
+    baseline = p.add_argument_group("baseline stack (with --start-stack): a second stack, the first one's flags plus "
+                                    "these, that every level also runs on, back to back; the report compares them")
+    baseline.add_argument("--baseline-batching-off", action="store_true",
+                          help="the baseline is the same stack with batching off (--max-batch-size=1 on the draft "
+                               "and verify services)")
+    for service in ("draft", "verify", "coordinator"):
+        baseline.add_argument(f"--baseline-{service}-arg", action="append", default=[], metavar="FLAG",
+                              help=f"extra {service} flag of the baseline stack (repeatable)")
     load = p.add_argument_group("load")
     load.add_argument("--concurrency", type=_csv(int), default=(1, 2, 4, 8, 16),
                       help="closed-loop concurrency levels, comma-separated (empty for none) [1,2,4,8,16]")
@@ -96,12 +107,28 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
                        modes=args.modes, requests=args.requests, duration_s=args.duration_s,
                        max_new_tokens=args.max_new_tokens, num_speculative_tokens=args.gamma,
                        temperature=args.temperature, stop=tuple(args.stop), seed=args.seed,
-                       request_timeout_s=args.request_timeout_s, warmup=args.warmup, repeats=args.repeats)
+                       request_timeout_s=args.request_timeout_s, warmup=args.warmup, repeats=args.repeats,
+                       baseline=baseline_description(baseline_args(args)))
     try:
         config.plan()  # modes, repeats: refused here, before a stack starts
     except ValueError as error:
         raise SystemExit(str(error)) from None
     return config
+
+
+def baseline_args(args: argparse.Namespace) -> dict[str, list[str]]:
+    """The baseline stack's extra flags per service ({} when there is no baseline stack)."""
+    extra = {service: list(getattr(args, f"baseline_{service}_arg"))
+             for service in ("draft", "verify", "coordinator")}
+    if args.baseline_batching_off:
+        for service in ("draft", "verify"):
+            extra[service].append("--max-batch-size=1")
+    return extra if any(extra.values()) else {}
+
+
+def baseline_description(extra: dict[str, list[str]]) -> str:
+    """e.g. 'draft --max-batch-size=1; verify --max-batch-size=1' ('' for none)."""
+    return "; ".join(f"{service} {' '.join(flags)}" for service, flags in extra.items() if flags)
 
 
 def write_outputs(report: dict, out: pathlib.Path) -> list[pathlib.Path]:
@@ -113,10 +140,11 @@ def write_outputs(report: dict, out: pathlib.Path) -> list[pathlib.Path]:
     return [*paths, out / "summary.txt"]
 
 
-def run(args: argparse.Namespace, address: str) -> dict:
+def run(args: argparse.Namespace, address: str, baseline_address: str | None = None) -> dict:
     config = config_from_args(args)
     started = time.perf_counter()
-    report = asyncio.run(Sweep(address, config, log=lambda line: print(line, flush=True)).run())
+    report = asyncio.run(Sweep(address, config, log=lambda line: print(line, flush=True),
+                               baseline_address=baseline_address).run())
     paths = write_outputs(report, args.out)
     print(summary_text(report))
     print(f"sweep took {time.perf_counter() - started:.0f}s; wrote {', '.join(str(p) for p in paths)}")
@@ -127,15 +155,24 @@ def main(argv: list[str] | None = None) -> dict:
     """Runs the CLI; returns the report (for tests)."""
     args = parser().parse_args(argv)
     config_from_args(args)  # fail on bad flags before starting anything
+    extra = baseline_args(args)
     if args.address:
+        if extra:
+            raise SystemExit("a baseline stack needs --start-stack")
         if not args.allow_remote and not is_loopback(args.address):
             raise SystemExit(f"{args.address} is not a loopback address; pass --allow-remote to load it anyway")
         return run(args, args.address)
     threads = ["--threads", str(args.threads)]
-    print(f"starting the stack (target {args.target}, draft {args.draft}) ...", flush=True)
-    started = time.perf_counter()
-    with LocalStack(args.target, args.draft, draft_args=[*threads, *args.draft_arg],
-                    verify_args=[*threads, *args.verify_arg], coordinator_args=args.coordinator_arg) as stack:
-        print(f"stack ready in {time.perf_counter() - started:.1f}s: coordinator at {stack.address}, "
-              f"logs in {stack.log_dir}", flush=True)
-        return run(args, stack.address)
+    with contextlib.ExitStack() as stacks:
+        addresses = []
+        for name, more in [("stack", {})] + ([("baseline stack", extra)] if extra else []):
+            print(f"starting the {name} (target {args.target}, draft {args.draft}) ...", flush=True)
+            started = time.perf_counter()
+            stack = stacks.enter_context(LocalStack(
+                args.target, args.draft, draft_args=[*threads, *args.draft_arg, *more.get("draft", [])],
+                verify_args=[*threads, *args.verify_arg, *more.get("verify", [])],
+                coordinator_args=[*args.coordinator_arg, *more.get("coordinator", [])]))
+            print(f"{name} ready in {time.perf_counter() - started:.1f}s: coordinator at {stack.address}, "
+                  f"logs in {stack.log_dir}", flush=True)
+            addresses.append(stack.address)
+        return run(args, *addresses)

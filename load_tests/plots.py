@@ -3,7 +3,8 @@
 One pair of figures per (load kind, prompt set): `latency_<kind>_<set>.png` (TTFT, ITL, TPOT and e2e; p50
 solid, p90 dashed, p99 dotted) and `throughput_<kind>_<set>.png` (output tokens/s, requests/s, and the
 spec/plain ratios with the break-even line at 1). A level run several times (--repeats) is drawn at the median
-of its runs.
+of its runs. These are of the stack under test; with a baseline stack, `throughput_vs_baseline.png` sets each
+level's throughput on both stacks side by side, every run drawn, with the median ratio.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 from matplotlib import ticker  # noqa: E402
+
+from load_tests.report import STACK  # noqa: E402
 
 MODE_COLORS = {"spec": "tab:blue", "plain": "tab:orange"}
 PERCENTILE_STYLES = {"p50": "-", "p90": "--", "p99": ":"}
@@ -91,7 +94,8 @@ def throughput_figure(levels: list[dict], comparisons: list[dict], kind: str, ti
             ratio_axis.plot([p[0] for p in points], [p[1] for p in points], "-", marker="o", color=color, label=label)
     ratio_axis.axhline(1.0, color="grey", linewidth=1)
     ratio_axis.set_title("spec / plain")
-    ratio_axis.legend(fontsize=8)
+    if comparisons:
+        ratio_axis.legend(fontsize=8)
     _x_axis(ratio_axis, kind, levels)
     figure.suptitle(title)
     figure.tight_layout()
@@ -100,17 +104,51 @@ def throughput_figure(levels: list[dict], comparisons: list[dict], kind: str, ti
     return path
 
 
+def baseline_figure(rows: list[dict], baseline: str, title: str, path: pathlib.Path) -> pathlib.Path:
+    """Output tokens/s of each (load, prompt set, mode) on the stack and on the baseline: bars at the medians,
+    a dot per run, and the median stack/baseline ratio above each pair."""
+    figure, axis = plt.subplots(figsize=(max(6.0, 1.6 * len(rows) + 2), 4.5))
+    for index, row in enumerate(rows):
+        for offset, key, color, label in ((-0.2, "stack_tps", "tab:blue", "stack"),
+                                          (0.2, "baseline_tps", "tab:grey", f"baseline: {baseline}")):
+            axis.bar(index + offset, statistics.median(row[key]), width=0.4, color=color, alpha=0.7,
+                     label=label if index == 0 else None)
+            axis.plot([index + offset] * len(row[key]), row[key], "o", color="black", markersize=3)
+        axis.annotate(f"×{row['output_token_throughput_ratio']:.2f}", (index, max(row["stack_tps"])),
+                      textcoords="offset points", xytext=(0, 6), ha="center")
+    axis.set_xticks(range(len(rows)), [f"{row['prompt_set']} {row['mode']}\n"
+                                       + (f"c={row['concurrency']}" if row["load"] == "concurrency"
+                                          else f"{row['rate_rps']:g}/s") for row in rows])
+    axis.set_ylabel("output tokens/s")
+    axis.set_ylim(top=axis.get_ylim()[1] * 1.12)
+    figure.legend(fontsize=8, loc="lower center", ncol=2)
+    axis.grid(True, axis="y", alpha=0.3)
+    axis.set_title(title)
+    figure.tight_layout(rect=(0, 0.07, 1, 1))
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
 def plot_report(report: dict, out_dir: pathlib.Path) -> list[pathlib.Path]:
-    """Writes the figures of every (load kind, prompt set) in the report; returns their paths."""
+    """Writes the figures of every (load kind, prompt set) in the report, and the baseline figure when there is a
+    baseline stack; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     target = report["server"].get("target_model_id", "")
     paths = []
-    groups = sorted({(lv["load"], lv["prompt_set"]) for lv in report["levels"]})
+    tested = [lv for lv in report["levels"] if lv.get("stack", STACK) == STACK]
+    groups = sorted({(lv["load"], lv["prompt_set"]) for lv in tested})
     for kind, prompt_set in groups:
-        levels = [lv for lv in report["levels"] if lv["load"] == kind and lv["prompt_set"] == prompt_set]
-        rows = [row for row in report["comparisons"] if row["load"] == kind and row["prompt_set"] == prompt_set]
+        levels = [lv for lv in tested if lv["load"] == kind and lv["prompt_set"] == prompt_set]
+        rows = [row for row in report["comparisons"] if row["load"] == kind and row["prompt_set"] == prompt_set
+                and row.get("stack", STACK) == STACK]
         title = (f"{prompt_set} prompts, max_new_tokens {report['config']['max_new_tokens']}, "
                  f"γ {report['config']['num_speculative_tokens']} vs plain — {pathlib.Path(target).name}")
         paths.append(latency_figure(levels, kind, title, out_dir / f"latency_{kind}_{prompt_set}.png"))
         paths.append(throughput_figure(levels, rows, kind, title, out_dir / f"throughput_{kind}_{prompt_set}.png"))
+    if report.get("baseline_comparisons"):
+        title = (f"stack vs baseline, max_new_tokens {report['config']['max_new_tokens']} — "
+                 f"{pathlib.Path(target).name}")
+        paths.append(baseline_figure(report["baseline_comparisons"], report["config"]["baseline"], title,
+                                     out_dir / "throughput_vs_baseline.png"))
     return paths

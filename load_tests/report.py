@@ -1,13 +1,17 @@
 """Figures per level, spec/plain comparisons, and the JSON, CSV and text forms of a sweep's report.
 
-JSON report (one file, `schema_version` 2):
-    config       the sweep's settings (levels, prompt sets, γ, max_new_tokens, bounds, seed, ...)
+JSON report (one file, `schema_version` 3):
+    config       the sweep's settings (levels, prompt sets, γ, max_new_tokens, bounds, seed, baseline, ...)
     server       the coordinator's Info (models, replicas, default γ, overlap, limits)
+    baseline_server  the baseline stack's coordinator Info (None without a baseline)
     environment  host, Python, CPU count, start time (UTC)
     levels       one object per run level, in the order run (LEVEL_FIELDS, `latency_ms` and `speculation`)
     comparisons  one object per (load, prompt set): spec/plain ratios of the median e2e latency, of the
                  output-token throughput, of median TTFT and median TPOT, each the median over the pair's runs
-                 (`repeats`), with every run's throughput and e2e ratios and the levels compared
+                 (`repeats`), with every run's throughput and e2e ratios and the levels compared; per stack
+    baseline_comparisons  one object per (load, prompt set, mode) run on both stacks: stack/baseline ratios of
+                 the output-token throughput and of the median e2e latency, medians over the runs, with every
+                 run's figures ([] without a baseline)
     requests     one object per request (level id, status, times in ms, tokens, speculation stats)
 """
 
@@ -24,10 +28,12 @@ import numpy as np
 
 from load_tests.generator import RequestResult
 
-SCHEMA_VERSION = 2  # 2: levels carry `repeat`; comparisons are medians over a pair's runs
+STACK, BASELINE = "stack", "baseline"  # a level's `stack`: the stack under test, or the one it is compared with
+
+SCHEMA_VERSION = 3  # 2: levels carry `repeat`; comparisons are medians over a pair's runs; 3: `stack`, baseline
 PERCENTILES = (50, 90, 99)
 LATENCY_METRICS = ("ttft", "itl", "tpot", "e2e")
-LEVEL_FIELDS = ("level_id", "order", "load", "concurrency", "rate_rps", "prompt_set", "mode", "repeat",
+LEVEL_FIELDS = ("level_id", "order", "load", "concurrency", "rate_rps", "prompt_set", "mode", "repeat", "stack",
                 "num_speculative_tokens", "requests", "ok", "errors", "errors_by_status", "finish_reasons",
                 "stopped_by", "wall_s", "request_throughput_rps", "output_tokens", "output_token_throughput_tps",
                 "prompt_tokens")
@@ -128,20 +134,20 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 
 def comparisons(levels: Sequence[dict]) -> list[dict]:
-    """Per (load, prompt set) with both modes: spec/plain ratios, each the median over the runs that have both
-    modes. Below 1 is better for the latency ratios, above 1 for the throughput ratio."""
+    """Per stack and (load, prompt set) with both modes: spec/plain ratios, each the median over the runs that
+    have both modes. Below 1 is better for the latency ratios, above 1 for the throughput ratio."""
     by_key: dict[tuple, dict[int, dict[str, dict]]] = {}
     for level in levels:
-        key = (level["load"], level["concurrency"], level["rate_rps"], level["prompt_set"])
+        key = (level.get("stack", STACK), level["load"], level["concurrency"], level["rate_rps"], level["prompt_set"])
         by_key.setdefault(key, {}).setdefault(level.get("repeat", 0), {})[level["mode"]] = level
     rows = []
-    for (load, concurrency, rate, prompt_set), runs in by_key.items():
+    for (stack, load, concurrency, rate, prompt_set), runs in by_key.items():
         paired = [modes for _, modes in sorted(runs.items()) if "spec" in modes and "plain" in modes]
         if not paired:
             continue
         ratios = [run_ratios(modes["spec"], modes["plain"]) for modes in paired]
         rows.append({
-            "load": load, "concurrency": concurrency, "rate_rps": rate, "prompt_set": prompt_set,
+            "stack": stack, "load": load, "concurrency": concurrency, "rate_rps": rate, "prompt_set": prompt_set,
             "repeats": len(paired), "spec_level_ids": [modes["spec"]["level_id"] for modes in paired],
             "plain_level_ids": [modes["plain"]["level_id"] for modes in paired],
             **{name: _median([run[name] for run in ratios]) for name in ratios[0]},
@@ -151,10 +157,41 @@ def comparisons(levels: Sequence[dict]) -> list[dict]:
     return rows
 
 
-def build_report(config: dict, server: dict, environment: dict, levels: list[dict],
-                 requests: list[dict]) -> dict:
-    return {"schema_version": SCHEMA_VERSION, "config": config, "server": server, "environment": environment,
-            "levels": levels, "comparisons": comparisons(levels), "requests": requests}
+def baseline_comparisons(levels: Sequence[dict]) -> list[dict]:
+    """Per (load, prompt set, mode) run on both stacks: stack/baseline ratios of the output-token throughput
+    (above 1 favours the stack) and of the median e2e latency (below 1 does), each the median over the runs
+    that have both stacks, with every run's figures."""
+    by_key: dict[tuple, dict[int, dict[str, dict]]] = {}
+    for level in levels:
+        key = (level["load"], level["concurrency"], level["rate_rps"], level["prompt_set"], level["mode"])
+        by_key.setdefault(key, {}).setdefault(level.get("repeat", 0), {})[level.get("stack", STACK)] = level
+    rows = []
+    for (load, concurrency, rate, prompt_set, mode), runs in by_key.items():
+        paired = [stacks for _, stacks in sorted(runs.items()) if STACK in stacks and BASELINE in stacks]
+        if not paired:
+            continue
+        throughput = [(s[STACK]["output_token_throughput_tps"], s[BASELINE]["output_token_throughput_tps"])
+                      for s in paired]
+        e2e_ratios = [_ratio(s[STACK]["latency_ms"]["e2e"]["p50"], s[BASELINE]["latency_ms"]["e2e"]["p50"])
+                      for s in paired]
+        throughput_ratios = [_ratio(*pair) for pair in throughput]
+        rows.append({
+            "load": load, "concurrency": concurrency, "rate_rps": rate, "prompt_set": prompt_set, "mode": mode,
+            "repeats": len(paired), "output_token_throughput_ratio": _median(throughput_ratios),
+            "e2e_p50_ratio": _median(e2e_ratios), "output_token_throughput_ratios": throughput_ratios,
+            "e2e_p50_ratios": e2e_ratios, "stack_tps": [tps for tps, _ in throughput],
+            "baseline_tps": [tps for _, tps in throughput],
+            "stack_level_ids": [s[STACK]["level_id"] for s in paired],
+            "baseline_level_ids": [s[BASELINE]["level_id"] for s in paired],
+        })
+    return rows
+
+
+def build_report(config: dict, server: dict, environment: dict, levels: list[dict], requests: list[dict],
+                 baseline_server: dict | None = None) -> dict:
+    return {"schema_version": SCHEMA_VERSION, "config": config, "server": server, "baseline_server": baseline_server,
+            "environment": environment, "levels": levels, "comparisons": comparisons(levels),
+            "baseline_comparisons": baseline_comparisons(levels), "requests": requests}
 
 
 def write_json(report: dict, path: pathlib.Path) -> pathlib.Path:
@@ -196,10 +233,15 @@ def load_label(level: dict) -> str:
     return f"c={level['concurrency']}" if level["load"] == "concurrency" else f"{level['rate_rps']:g}/s"
 
 
+def mode_label(level: dict) -> str:
+    """A level's mode, and its stack when that is the baseline."""
+    return level["mode"] + (f" {BASELINE}" if level.get("stack") == BASELINE else "")
+
+
 def progress_line(level: dict, total: int) -> str:
     """The line printed when a level finishes."""
     latency, spec = level["latency_ms"], level["speculation"]
-    return (f"[{level['order'] + 1:>3}/{total}] {load_label(level):>7} {level['prompt_set']:<8} {level['mode']:<5} "
+    return (f"[{level['order'] + 1:>3}/{total}] {load_label(level):>7} {level['prompt_set']:<8} {mode_label(level):<13} "
             f"{level['ok']:>4}/{level['requests']:<4} ok in {level['wall_s']:6.1f}s  "
             f"e2e p50 {_fmt(latency['e2e']['p50']):>6} ms  ttft p50 {_fmt(latency['ttft']['p50']):>5} ms  "
             f"{level['output_token_throughput_tps']:7.1f} tok/s  α {_fmt(spec['acceptance_rate'], '.2f')}"
@@ -212,27 +254,36 @@ def summary_text(report: dict) -> str:
     lines = [f"load test: {len(report['levels'])} levels, prompt sets {', '.join(config['prompt_sets'])}, "
              f"max_new_tokens {config['max_new_tokens']}, γ {config['num_speculative_tokens']} vs 0, "
              f"server {report['server'].get('target_model_id', '?')}",
-             f"{'load':>7} {'set':<8} {'mode':<5} {'run':>3} {'ok/req':>9} {'e2e p50':>8} {'e2e p99':>8} {'ttft p50':>8} "
+             f"{'load':>7} {'set':<8} {'mode':<13} {'run':>3} {'ok/req':>9} {'e2e p50':>8} {'e2e p99':>8} {'ttft p50':>8} "
              f"{'tpot p50':>8} {'tok/s':>7} {'req/s':>6} {'α':>5} {'tok/rnd':>7}"]
     for level in sorted(report["levels"], key=lambda lv: (lv["prompt_set"], lv["load"], lv["concurrency"] or 0,
                                                           lv["rate_rps"] or 0, lv["mode"] != "spec",
                                                           lv.get("repeat", 0))):
         latency, spec = level["latency_ms"], level["speculation"]
         lines.append(
-            f"{load_label(level):>7} {level['prompt_set']:<8} {level['mode']:<5} {level.get('repeat', 0) + 1:>3} "
+            f"{load_label(level):>7} {level['prompt_set']:<8} {mode_label(level):<13} {level.get('repeat', 0) + 1:>3} "
             f"{str(level['ok']) + '/' + str(level['requests']):>9} {_fmt(latency['e2e']['p50']):>8} "
             f"{_fmt(latency['e2e']['p99']):>8} {_fmt(latency['ttft']['p50']):>8} {_fmt(latency['tpot']['p50'], '.1f'):>8} "
             f"{level['output_token_throughput_tps']:>7.1f} {level['request_throughput_rps']:>6.2f} "
             f"{_fmt(spec['acceptance_rate'], '.2f'):>5} {_fmt(spec['mean_accepted_length'], '.2f'):>7}")
-    lines.append("spec/plain (latency < 1 and throughput > 1 favour speculation; medians over the runs):")
+    if report["comparisons"]:
+        lines.append("spec/plain (latency < 1 and throughput > 1 favour speculation; medians over the runs):")
     for row in report["comparisons"]:
-        label = f"c={row['concurrency']}" if row["load"] == "concurrency" else f"{row['rate_rps']:g}/s"
+        label = load_label(row) + (" baseline" if row.get("stack") == BASELINE else "")
         runs = "" if row["repeats"] < 2 else "  runs tok/s " + " ".join(
             f"×{_fmt(ratio, '.2f')}" for ratio in row["output_token_throughput_ratios"])
         lines.append(f"{label:>7} {row['prompt_set']:<8} e2e p50 ×{_fmt(row['e2e_p50_ratio'], '.2f')}  "
                      f"tok/s ×{_fmt(row['output_token_throughput_ratio'], '.2f')}  "
                      f"ttft p50 ×{_fmt(row['ttft_p50_ratio'], '.2f')}  tpot p50 ×{_fmt(row['tpot_p50_ratio'], '.2f')}"
                      + runs)
+    if report.get("baseline_comparisons"):
+        lines.append(f"stack/baseline, baseline = {report['config'].get('baseline')} (throughput > 1 and latency < 1 "
+                     "favour the stack; medians over the runs):")
+    for row in report.get("baseline_comparisons", []):
+        runs = " ".join(f"{s:.1f}/{b:.1f}" for s, b in zip(row["stack_tps"], row["baseline_tps"]))
+        lines.append(f"{load_label(row):>7} {row['prompt_set']:<8} {row['mode']:<5} "
+                     f"tok/s ×{_fmt(row['output_token_throughput_ratio'], '.2f')}  "
+                     f"e2e p50 ×{_fmt(row['e2e_p50_ratio'], '.2f')}  runs tok/s {runs}")
     errors = sum(level["errors"] for level in report["levels"])
     if errors:
         totals = Counter()

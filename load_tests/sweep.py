@@ -5,11 +5,16 @@ same order, and the order inside a pair alternates (spec first, then plain first
 noisy machine hits both modes alike and the ratios stay fair. With repeats, a pair runs that many times in a
 row, still alternating (spec plain, plain spec, spec plain, ...), and the report's ratios are the medians of
 the runs' ratios.
+
+With a baseline stack (e.g. the same stack with batching off), every level also runs on the baseline, right
+after or right before the same level on the stack under test (the order alternating like the modes'), so the
+stack/baseline ratios, medians over the runs too, see the same drift on both sides.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import math
 import os
@@ -25,7 +30,7 @@ import grpc
 
 from load_tests.generator import LoopOutcome, RequestResult, run_closed_loop, run_open_loop, timed_request
 from load_tests.prompts import Prompt, load_prompt_set
-from load_tests.report import build_report, progress_line, request_record, summarize_level
+from load_tests.report import BASELINE, STACK, build_report, progress_line, request_record, summarize_level
 from specdec.client import build_request
 from specdec.local_stack import REPO_ROOT
 from specdec.serving import channel_options
@@ -57,11 +62,13 @@ class LevelPlan:
     requests: int
     pair: int  # index of the (load, prompt set) pair: both modes share it, and so their arrival times
     repeat: int = 0  # which run of the pair (0 = the first)
+    stack: str = STACK  # STACK or BASELINE
 
     @property
     def level_id(self) -> str:
+        stack = f"-{BASELINE}" if self.stack == BASELINE else ""
         suffix = f"-{self.repeat + 1}" if self.repeat else ""
-        return f"{self.load.label}-{self.prompt_set}-{self.mode}{suffix}"
+        return f"{self.load.label}-{self.prompt_set}-{self.mode}{stack}{suffix}"
 
 
 @dataclass
@@ -82,6 +89,7 @@ class SweepConfig:
     request_timeout_s: float = 300.0
     warmup: int = 2  # unmeasured requests per mode before the first level
     repeats: int = 1  # runs of each (load, prompt set) pair; the ratios reported are the medians over them
+    baseline: str = ""  # what the baseline stack differs by (its extra flags); "" = no baseline stack
 
     def requests_for(self, load: Load) -> int:
         if self.requests > 0:
@@ -93,7 +101,8 @@ class SweepConfig:
 
     def plan(self) -> list[LevelPlan]:
         """Levels in run order: loads ascending (closed loop first), each prompt set `repeats` times, the two
-        modes back to back with alternating order."""
+        modes back to back with alternating order, and with a baseline each mode on both stacks back to back,
+        alternating too."""
         unknown = set(self.modes) - set(MODES)
         if unknown or not self.modes:
             raise ValueError(f"modes must be among {MODES}, got {self.modes}")
@@ -104,10 +113,13 @@ class SweepConfig:
         levels: list[LevelPlan] = []
         for pair, (load, prompt_set) in enumerate((ld, ps) for ld in loads for ps in self.prompt_sets):
             for repeat in range(self.repeats):
-                modes = self.modes if (pair + repeat) % 2 == 0 else tuple(reversed(self.modes))
+                forward = (pair + repeat) % 2 == 0
+                modes = self.modes if forward else tuple(reversed(self.modes))
+                stacks = (STACK, BASELINE) if self.baseline else (STACK,)
                 for mode in modes:
-                    levels.append(LevelPlan(len(levels), load, prompt_set, mode, self.requests_for(load), pair,
-                                            repeat))
+                    for stack in stacks if forward else tuple(reversed(stacks)):
+                        levels.append(LevelPlan(len(levels), load, prompt_set, mode, self.requests_for(load), pair,
+                                                repeat, stack))
         return levels
 
 
@@ -123,10 +135,14 @@ def environment() -> dict:
 
 
 class Sweep:
-    """Runs a SweepConfig against the coordinator at `address` and builds the report."""
+    """Runs a SweepConfig against the coordinator at `address` (and the baseline's at `baseline_address`) and
+    builds the report."""
 
-    def __init__(self, address: str, config: SweepConfig, log: Callable[[str], None] = print):
-        self.address = address
+    def __init__(self, address: str, config: SweepConfig, log: Callable[[str], None] = print,
+                 baseline_address: str | None = None):
+        if bool(config.baseline) != (baseline_address is not None):
+            raise ValueError("a baseline stack needs both config.baseline and baseline_address")
+        self.addresses = {STACK: address, **({BASELINE: baseline_address} if baseline_address else {})}
         self.config = config
         self.log = log
         self.run_id = uuid.uuid4().hex[:8]
@@ -162,36 +178,47 @@ class Sweep:
                 if not result.ok:
                     self.log(f"warm-up request ({mode}) failed: {result.status} {result.error}")
 
+    async def _connect(self, channel: grpc.aio.Channel, stack: str) -> tuple[object, dict, int]:
+        """The stub of a stack's coordinator, its Info as the report's server record, and the spec mode's γ."""
+        address = self.addresses[stack]
+        try:
+            await asyncio.wait_for(channel.channel_ready(), timeout=60)
+        except asyncio.TimeoutError:
+            raise SystemExit(f"no coordinator answered at {address} within 60 s") from None
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        info = await stub.Info(common_pb2.InfoRequest(), timeout=30)
+        server = {"address": address, "target_model_id": info.target_model_id,
+                  "draft_replicas": list(info.draft_replicas), "verify_replicas": list(info.verify_replicas),
+                  "default_num_speculative_tokens": info.default_num_speculative_tokens,
+                  "max_new_tokens_limit": info.max_new_tokens_limit,
+                  "max_context_tokens": info.max_context_tokens, "overlap": info.overlap}
+        gamma = self.config.num_speculative_tokens
+        return stub, server, gamma if gamma is not None else info.default_num_speculative_tokens
+
     async def run(self) -> dict:
         """Runs every level, logging a progress line per level; returns the report dict."""
         config, plan = self.config, self.config.plan()
         pool = max(level.requests for level in plan)
         prompts = {name: load_prompt_set(name, pool, seed=config.seed) for name in config.prompt_sets}
-        async with grpc.aio.insecure_channel(self.address, options=channel_options()) as channel:
-            try:
-                await asyncio.wait_for(channel.channel_ready(), timeout=60)
-            except asyncio.TimeoutError:
-                raise SystemExit(f"no coordinator answered at {self.address} within 60 s") from None
-            stub = coordinator_pb2_grpc.CoordinatorStub(channel)
-            info = await stub.Info(common_pb2.InfoRequest(), timeout=30)
-            server = {"address": self.address, "target_model_id": info.target_model_id,
-                      "draft_replicas": list(info.draft_replicas), "verify_replicas": list(info.verify_replicas),
-                      "default_num_speculative_tokens": info.default_num_speculative_tokens,
-                      "max_new_tokens_limit": info.max_new_tokens_limit,
-                      "max_context_tokens": info.max_context_tokens, "overlap": info.overlap}
-            spec_gamma = (config.num_speculative_tokens if config.num_speculative_tokens is not None
-                          else info.default_num_speculative_tokens)
-            self.log(f"coordinator {self.address}: target {info.target_model_id}, γ {spec_gamma}, overlap "
-                     f"{info.overlap}; {len(plan)} levels, prompt pool {pool} per set")
-            await self._warm_up(stub, prompts[config.prompt_sets[0]])
+        async with contextlib.AsyncExitStack() as channels:
+            stubs, servers, gammas = {}, {}, {}
+            for stack, address in self.addresses.items():
+                channel = await channels.enter_async_context(
+                    grpc.aio.insecure_channel(address, options=channel_options()))
+                stubs[stack], servers[stack], gammas[stack] = await self._connect(channel, stack)
+                self.log(f"{stack} coordinator {address}: target {servers[stack]['target_model_id']}, γ {gammas[stack]}, "
+                         f"overlap {servers[stack]['overlap']}"
+                         + (f"; baseline: {config.baseline}" if stack == BASELINE else ""))
+                await self._warm_up(stubs[stack], prompts[config.prompt_sets[0]])
+            self.log(f"{len(plan)} levels, prompt pool {pool} per set")
             levels, requests = [], []
             for level in plan:
-                outcome = await self._run_level(stub, level, prompts[level.prompt_set])
+                outcome = await self._run_level(stubs[level.stack], level, prompts[level.prompt_set])
                 identity = {"level_id": level.level_id, "order": level.order, "load": level.load.kind,
                             "concurrency": int(level.load.value) if level.load.kind == "concurrency" else None,
                             "rate_rps": level.load.value if level.load.kind == "rate" else None,
                             "prompt_set": level.prompt_set, "mode": level.mode, "repeat": level.repeat,
-                            "num_speculative_tokens": 0 if level.mode == "plain" else spec_gamma}
+                            "stack": level.stack, "num_speculative_tokens": 0 if level.mode == "plain" else gammas[level.stack]}
                 summary = summarize_level(identity, outcome.results, outcome.wall_s, outcome.stopped_by)
                 levels.append(summary)
                 requests.extend(request_record(level.level_id, r) for r in sorted(outcome.results,
@@ -199,5 +226,5 @@ class Sweep:
                 self.log(progress_line(summary, len(plan)))
         config_record = {**{key: list(value) if isinstance(value, tuple) else value
                             for key, value in asdict(config).items()},
-                         "num_speculative_tokens": spec_gamma, "run_id": self.run_id}
-        return build_report(config_record, server, environment(), levels, requests)
+                         "num_speculative_tokens": gammas[STACK], "run_id": self.run_id}
+        return build_report(config_record, servers[STACK], environment(), levels, requests, servers.get(BASELINE))

@@ -11,11 +11,12 @@ from demo_pair.corpus import CorpusFile
 from load_tests.cli import is_loopback, main
 from load_tests.generator import RequestResult, poisson_offsets
 from load_tests.prompts import code_prompts, grounded_prompts, word_prompts
-from load_tests.report import (LATENCY_METRICS, LEVEL_FIELDS, PERCENTILES, SPECULATION_FIELDS, comparisons,
-                               summarize_level)
+from load_tests.report import (LATENCY_METRICS, LEVEL_FIELDS, PERCENTILES, SPECULATION_FIELDS,
+                               baseline_comparisons, comparisons, summarize_level)
 from load_tests.sweep import Load, SweepConfig
 
-REPORT_KEYS = {"schema_version", "config", "server", "environment", "levels", "comparisons", "requests"}
+REPORT_KEYS = {"schema_version", "config", "server", "baseline_server", "environment", "levels", "comparisons",
+               "baseline_comparisons", "requests"}
 DISTRIBUTION_KEYS = {"count", "mean", "max", *(f"p{p}" for p in PERCENTILES)}
 
 
@@ -30,7 +31,8 @@ def test_tiny_sweep_against_real_servers(tiny_pair_dirs, tmp_path, capsys):
     assert "spec/plain" in printed and printed.count("] ") >= 6  # a progress line per level, then the summary
 
     assert json.loads((out / "report.json").read_text()) == report
-    assert set(report) == REPORT_KEYS and report["schema_version"] == 2
+    assert set(report) == REPORT_KEYS and report["schema_version"] == 3
+    assert report["baseline_server"] is None and report["baseline_comparisons"] == []
     levels = report["levels"]
     assert len(levels) == 6  # (c=1, c=2, 20/s) x (spec, plain)
     assert [lv["order"] for lv in levels] == list(range(6))
@@ -124,6 +126,50 @@ def test_repeated_pairs_run_back_to_back_alternating_and_numbered():
         ("c16-code-spec-3", 2), ("c16-code-plain-3", 2)]
     with pytest.raises(ValueError, match="repeats"):
         SweepConfig(repeats=0).plan()
+
+
+def test_a_baseline_runs_each_level_next_to_the_stacks_alternating():
+    plan = SweepConfig(concurrency=(16,), prompt_sets=("code",), modes=("spec",), repeats=2,
+                       baseline="verify --max-batch-size=1").plan()
+    assert [(lv.level_id, lv.stack) for lv in plan] == [
+        ("c16-code-spec", "stack"), ("c16-code-spec-baseline", "baseline"),
+        ("c16-code-spec-baseline-2", "baseline"), ("c16-code-spec-2", "stack")]
+
+
+def test_tiny_sweep_against_a_baseline_stack(tiny_pair_dirs, tmp_path):
+    """Two real stacks, the baseline with batching off: every level runs on both, and the report compares them."""
+    target_dir, draft_dir = tiny_pair_dirs
+    out = tmp_path / "out"
+    report = main(["--start-stack", "--target", str(target_dir), "--draft", str(draft_dir), "--prompt-sets", "words",
+                   "--concurrency", "2", "--modes", "spec", "--requests", "3", "--max-new-tokens", "6",
+                   "--gamma", "3", "--warmup", "1", "--request-timeout-s", "60", "--out", str(out),
+                   "--coordinator-arg=--no-adaptive-gamma", "--baseline-batching-off"])
+    assert report["config"]["baseline"] == "draft --max-batch-size=1; verify --max-batch-size=1"
+    assert report["baseline_server"]["address"] != report["server"]["address"]
+    assert [(lv["level_id"], lv["stack"], lv["ok"]) for lv in report["levels"]] == [
+        ("c2-words-spec", "stack", 3), ("c2-words-spec-baseline", "baseline", 3)]
+    [row] = report["baseline_comparisons"]
+    assert row["repeats"] == 1 and row["mode"] == "spec"
+    assert row["output_token_throughput_ratio"] == round(row["stack_tps"][0] / row["baseline_tps"][0], 4) > 0
+    assert (out / "throughput_vs_baseline.png").read_bytes()[:4] == b"\x89PNG"
+    assert "stack/baseline" in (out / "summary.txt").read_text()
+
+
+def test_baseline_comparisons_are_medians_over_the_runs_with_both_stacks():
+    def level(stack: str, repeat: int, tps: float) -> dict:
+        return {"load": "concurrency", "concurrency": 16, "rate_rps": None, "prompt_set": "code", "mode": "spec",
+                "repeat": repeat, "stack": stack, "level_id": f"{stack}-{repeat}", "output_token_throughput_tps": tps,
+                "latency_ms": {"e2e": {"p50": 1000.0 if stack == "stack" else 3000.0}}}
+
+    runs = [(300.0, 100.0), (250.0, 100.0), (330.0, 100.0)]  # (stack tok/s, baseline tok/s) per run
+    levels = [level(stack, repeat, tps) for repeat, pair in enumerate(runs)
+              for stack, tps in zip(("stack", "baseline"), pair)]
+    levels.append(level("stack", 3, 900.0))  # a run without its baseline half is left out
+    [row] = baseline_comparisons(levels)
+    assert row["repeats"] == 3 and row["output_token_throughput_ratios"] == [3.0, 2.5, 3.3]
+    assert row["output_token_throughput_ratio"] == 3.0 and row["e2e_p50_ratio"] == 0.3333
+    assert row["stack_level_ids"] == ["stack-0", "stack-1", "stack-2"] and row["baseline_tps"] == [100.0] * 3
+    assert comparisons(levels) == []  # spec/plain: no plain levels
 
 
 def test_comparisons_are_medians_over_the_runs():
