@@ -108,7 +108,9 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
                        max_new_tokens=args.max_new_tokens, num_speculative_tokens=args.gamma,
                        temperature=args.temperature, stop=tuple(args.stop), seed=args.seed,
                        request_timeout_s=args.request_timeout_s, warmup=args.warmup, repeats=args.repeats,
-                       baseline=baseline_description(baseline_args(args)))
+                       stack=flags_description({"draft": args.draft_arg, "verify": args.verify_arg,
+                                                "coordinator": args.coordinator_arg}) if args.start_stack else "",
+                       baseline=flags_description(baseline_args(args)))
     try:
         config.plan()  # modes, repeats: refused here, before a stack starts
     except ValueError as error:
@@ -126,8 +128,8 @@ def baseline_args(args: argparse.Namespace) -> dict[str, list[str]]:
     return extra if any(extra.values()) else {}
 
 
-def baseline_description(extra: dict[str, list[str]]) -> str:
-    """e.g. 'draft --max-batch-size=1; verify --max-batch-size=1' ('' for none)."""
+def flags_description(extra: dict[str, list[str]]) -> str:
+    """A started stack's extra flags, e.g. 'draft --max-batch-size=1; verify --max-batch-size=1' ('' for none)."""
     return "; ".join(f"{service} {' '.join(flags)}" for service, flags in extra.items() if flags)
 
 

@@ -269,16 +269,17 @@ def summary_text(report: dict) -> str:
     if report["comparisons"]:
         lines.append("spec/plain (latency < 1 and throughput > 1 favour speculation; medians over the runs):")
     for row in report["comparisons"]:
-        label = load_label(row) + (" baseline" if row.get("stack") == BASELINE else "")
+        stack = "baseline " if row.get("stack") == BASELINE else ""
         runs = "" if row["repeats"] < 2 else "  runs tok/s " + " ".join(
             f"×{_fmt(ratio, '.2f')}" for ratio in row["output_token_throughput_ratios"])
-        lines.append(f"{label:>7} {row['prompt_set']:<8} e2e p50 ×{_fmt(row['e2e_p50_ratio'], '.2f')}  "
+        lines.append(f"{load_label(row):>7} {row['prompt_set']:<8} {stack}e2e p50 ×{_fmt(row['e2e_p50_ratio'], '.2f')}  "
                      f"tok/s ×{_fmt(row['output_token_throughput_ratio'], '.2f')}  "
                      f"ttft p50 ×{_fmt(row['ttft_p50_ratio'], '.2f')}  tpot p50 ×{_fmt(row['tpot_p50_ratio'], '.2f')}"
                      + runs)
     if report.get("baseline_comparisons"):
-        lines.append(f"stack/baseline, baseline = {report['config'].get('baseline')} (throughput > 1 and latency < 1 "
-                     "favour the stack; medians over the runs):")
+        stack = report["config"].get("stack") or "no extra flags"
+        lines.append(f"stack/baseline, stack = {stack}, baseline = the stack's flags and {report['config']['baseline']} "
+                     "(throughput > 1 and latency < 1 favour the stack; medians over the runs):")
     for row in report.get("baseline_comparisons", []):
         runs = " ".join(f"{s:.1f}/{b:.1f}" for s, b in zip(row["stack_tps"], row["baseline_tps"]))
         lines.append(f"{load_label(row):>7} {row['prompt_set']:<8} {row['mode']:<5} "

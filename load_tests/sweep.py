@@ -89,6 +89,7 @@ class SweepConfig:
     request_timeout_s: float = 300.0
     warmup: int = 2  # unmeasured requests per mode before the first level
     repeats: int = 1  # runs of each (load, prompt set) pair; the ratios reported are the medians over them
+    stack: str = ""  # the started stack's extra flags, for the record ("" = none, or a running stack)
     baseline: str = ""  # what the baseline stack differs by (its extra flags); "" = no baseline stack
 
     def requests_for(self, load: Load) -> int:

@@ -144,6 +144,7 @@ def test_tiny_sweep_against_a_baseline_stack(tiny_pair_dirs, tmp_path):
                    "--concurrency", "2", "--modes", "spec", "--requests", "3", "--max-new-tokens", "6",
                    "--gamma", "3", "--warmup", "1", "--request-timeout-s", "60", "--out", str(out),
                    "--coordinator-arg=--no-adaptive-gamma", "--baseline-batching-off"])
+    assert report["config"]["stack"] == "coordinator --no-adaptive-gamma"
     assert report["config"]["baseline"] == "draft --max-batch-size=1; verify --max-batch-size=1"
     assert report["baseline_server"]["address"] != report["server"]["address"]
     assert [(lv["level_id"], lv["stack"], lv["ok"]) for lv in report["levels"]] == [
