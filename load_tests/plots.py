@@ -18,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 from matplotlib import ticker  # noqa: E402
 
-from load_tests.report import STACK  # noqa: E402
+from load_tests.report import STACK, load_label  # noqa: E402
 
 MODE_COLORS = {"spec": "tab:blue", "plain": "tab:orange"}
 PERCENTILE_STYLES = {"p50": "-", "p90": "--", "p99": ":"}
@@ -116,9 +116,7 @@ def baseline_figure(rows: list[dict], baseline: str, title: str, path: pathlib.P
             axis.plot([index + offset] * len(row[key]), row[key], "o", color="black", markersize=3)
         axis.annotate(f"×{row['output_token_throughput_ratio']:.2f}", (index, max(row["stack_tps"])),
                       textcoords="offset points", xytext=(0, 6), ha="center")
-    axis.set_xticks(range(len(rows)), [f"{row['prompt_set']} {row['mode']}\n"
-                                       + (f"c={row['concurrency']}" if row["load"] == "concurrency"
-                                          else f"{row['rate_rps']:g}/s") for row in rows])
+    axis.set_xticks(range(len(rows)), [f"{row['prompt_set']} {row['mode']}\n{load_label(row)}" for row in rows])
     axis.set_ylabel("output tokens/s")
     axis.set_ylim(top=axis.get_ylim()[1] * 1.12)
     figure.legend(fontsize=8, loc="lower center", ncol=2)

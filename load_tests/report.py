@@ -133,22 +133,35 @@ def _median(values: Sequence[float | None]) -> float | None:
     return round(statistics.median(present), 4) if present else None
 
 
+LEVEL_IDENTITY = ("stack", "load", "concurrency", "rate_rps", "prompt_set", "mode")  # what a level runs, but the run
+
+
+def paired_runs(levels: Sequence[dict], side: str, sides: tuple[str, str]) -> list[tuple[dict, list[dict]]]:
+    """Levels that differ only in `side` (a LEVEL_IDENTITY field) and the run: per group its identity without that
+    field, and its runs that have both `sides`, in run order, each {side value: level}."""
+    def field(level: dict, name: str) -> object:
+        return level.get("stack", STACK) if name == "stack" else level[name]  # one stack before schema 3
+
+    by_identity: dict[tuple, dict[int, dict[str, dict]]] = {}
+    for level in levels:
+        identity = tuple((name, field(level, name)) for name in LEVEL_IDENTITY if name != side)
+        by_identity.setdefault(identity, {}).setdefault(level.get("repeat", 0), {})[field(level, side)] = level
+    groups = []
+    for identity, runs in by_identity.items():
+        paired = [run for _, run in sorted(runs.items()) if all(value in run for value in sides)]
+        if paired:
+            groups.append((dict(identity), paired))
+    return groups
+
+
 def comparisons(levels: Sequence[dict]) -> list[dict]:
     """Per stack and (load, prompt set) with both modes: spec/plain ratios, each the median over the runs that
     have both modes. Below 1 is better for the latency ratios, above 1 for the throughput ratio."""
-    by_key: dict[tuple, dict[int, dict[str, dict]]] = {}
-    for level in levels:
-        key = (level.get("stack", STACK), level["load"], level["concurrency"], level["rate_rps"], level["prompt_set"])
-        by_key.setdefault(key, {}).setdefault(level.get("repeat", 0), {})[level["mode"]] = level
     rows = []
-    for (stack, load, concurrency, rate, prompt_set), runs in by_key.items():
-        paired = [modes for _, modes in sorted(runs.items()) if "spec" in modes and "plain" in modes]
-        if not paired:
-            continue
+    for identity, paired in paired_runs(levels, "mode", ("spec", "plain")):
         ratios = [run_ratios(modes["spec"], modes["plain"]) for modes in paired]
         rows.append({
-            "stack": stack, "load": load, "concurrency": concurrency, "rate_rps": rate, "prompt_set": prompt_set,
-            "repeats": len(paired), "spec_level_ids": [modes["spec"]["level_id"] for modes in paired],
+            **identity, "repeats": len(paired), "spec_level_ids": [modes["spec"]["level_id"] for modes in paired],
             "plain_level_ids": [modes["plain"]["level_id"] for modes in paired],
             **{name: _median([run[name] for run in ratios]) for name in ratios[0]},
             "output_token_throughput_ratios": [run["output_token_throughput_ratio"] for run in ratios],
@@ -161,23 +174,15 @@ def baseline_comparisons(levels: Sequence[dict]) -> list[dict]:
     """Per (load, prompt set, mode) run on both stacks: stack/baseline ratios of the output-token throughput
     (above 1 favours the stack) and of the median e2e latency (below 1 does), each the median over the runs
     that have both stacks, with every run's figures."""
-    by_key: dict[tuple, dict[int, dict[str, dict]]] = {}
-    for level in levels:
-        key = (level["load"], level["concurrency"], level["rate_rps"], level["prompt_set"], level["mode"])
-        by_key.setdefault(key, {}).setdefault(level.get("repeat", 0), {})[level.get("stack", STACK)] = level
     rows = []
-    for (load, concurrency, rate, prompt_set, mode), runs in by_key.items():
-        paired = [stacks for _, stacks in sorted(runs.items()) if STACK in stacks and BASELINE in stacks]
-        if not paired:
-            continue
+    for identity, paired in paired_runs(levels, "stack", (STACK, BASELINE)):
         throughput = [(s[STACK]["output_token_throughput_tps"], s[BASELINE]["output_token_throughput_tps"])
                       for s in paired]
         e2e_ratios = [_ratio(s[STACK]["latency_ms"]["e2e"]["p50"], s[BASELINE]["latency_ms"]["e2e"]["p50"])
                       for s in paired]
         throughput_ratios = [_ratio(*pair) for pair in throughput]
         rows.append({
-            "load": load, "concurrency": concurrency, "rate_rps": rate, "prompt_set": prompt_set, "mode": mode,
-            "repeats": len(paired), "output_token_throughput_ratio": _median(throughput_ratios),
+            **identity, "repeats": len(paired), "output_token_throughput_ratio": _median(throughput_ratios),
             "e2e_p50_ratio": _median(e2e_ratios), "output_token_throughput_ratios": throughput_ratios,
             "e2e_p50_ratios": e2e_ratios, "stack_tps": [tps for tps, _ in throughput],
             "baseline_tps": [tps for _, tps in throughput],
