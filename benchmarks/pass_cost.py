@@ -119,7 +119,6 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--contexts must be >= 2 tokens, --rows >= 1, --gamma >= 0")
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
-    torch.set_num_threads(args.threads)
     print(f"loading {args.target} ...", flush=True)
     model = LoadedModel.load(ModelSettings(args.target, threads=args.threads))
     samples = time_passes(model, args.contexts, args.rows, args.gamma, args.repeats,
