@@ -19,7 +19,7 @@ from verify_service.servicer import VerifierServicer
 from verify_service.service import VerifyService
 from verify_service.settings import VerifySettings
 from specdec.telemetry import start_telemetry
-from specdec.telemetry.metrics import observe_batch
+from specdec.telemetry.metrics import observe_batch, observe_verify_pass
 from verify_service.tensor_parallel import TensorParallelLeader
 
 
@@ -32,7 +32,8 @@ async def serve(settings: VerifySettings) -> None:
         model = ranks.model
     else:
         model = LoadedModel.load(ModelSettings(settings.model, settings.device, settings.dtype, settings.threads))
-    servicer = VerifierServicer(VerifyService(settings, model, ranks), settings.tensor_parallel_size, observe_batch)
+    servicer = VerifierServicer(VerifyService(settings, model, ranks, observe_verify_pass),
+                                settings.tensor_parallel_size, observe_batch)
     start_telemetry("verify", settings, servicer.service.sessions)
     try:
         running = await start_server(settings.address,

@@ -1,7 +1,9 @@
 """Prometheus metrics (prefix `specdec_`), grouped by who records them, and the /metrics endpoint.
 
 Every service: `RpcMetrics` (recorded by the server interceptor) and, on the draft and verify services,
-`session_gauges`. The coordinator: `SpeculationMetrics`, fed from the same numbers as the per-request
+`session_gauges`; on the verify service `VerifyPassMetrics`: each scoring pass's time, with or without a prefill
+in it (specdec_verify_pass_duration_seconds{prefill="with"|"without"}), and the prompt tokens it prefilled and
+tokens it scored (specdec_verify_pass_tokens_total{kind="prefill"|"scored"}). The coordinator: `SpeculationMetrics`, fed from the same numbers as the per-request
 GenerationStats, so summing the responses' stats gives the counters:
 
   stats field                 metric
@@ -151,6 +153,36 @@ def batch_size_histogram(registry: CollectorRegistry = REGISTRY) -> Histogram:
 def observe_batch(kind: str, calls: int) -> None:
     """Records one model step of `calls` batched calls (a StepBatcher on_step hook)."""
     batch_size_histogram().labels(kind).observe(calls)
+
+
+class VerifyPassMetrics:
+    """What each scoring pass of a verify replica cost and fed: a pass that carries a new request's prefill
+    holds up every session batched with it, which these show apart from the passes without one."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.duration = Histogram(PREFIX + "verify_pass_duration_seconds",
+                                  "Time of one scoring pass, by whether it carried a prefill", ["prefill"],
+                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5),
+                                  registry=registry)
+        self.tokens = Counter(PREFIX + "verify_pass_tokens", "Tokens fed to scoring passes: prompt tokens "
+                              "prefilled, and tokens scored (γ + 1 per round)", ["kind"], registry=registry)
+
+    def observe(self, ns: int, prefill_tokens: int, scored_tokens: int) -> None:
+        """One pass of `ns` that prefilled prefill_tokens prompt tokens and scored scored_tokens."""
+        self.duration.labels("with" if prefill_tokens else "without").observe(ns / 1e9)
+        self.tokens.labels("prefill").inc(prefill_tokens)
+        self.tokens.labels("scored").inc(scored_tokens)
+
+
+@functools.cache
+def verify_pass_metrics(registry: CollectorRegistry = REGISTRY) -> VerifyPassMetrics:
+    """The verify pass metrics of `registry`, registered on first use."""
+    return VerifyPassMetrics(registry)
+
+
+def observe_verify_pass(ns: int, prefill_tokens: int, scored_tokens: int) -> None:
+    """Records one scoring pass of this verify replica (a VerifyService on_pass hook)."""
+    verify_pass_metrics().observe(ns, prefill_tokens, scored_tokens)
 
 
 def serve_metrics(port: int, registry: CollectorRegistry = REGISTRY) -> None:

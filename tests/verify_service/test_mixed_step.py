@@ -65,3 +65,17 @@ def test_a_failing_call_fails_alone_in_a_mixed_step(target):
     assert isinstance(results[2], Exception)
     with pytest.raises(ValueError, match="step calls"):
         service.step_many([("a", "close")])
+
+
+def test_each_scoring_pass_is_reported_with_its_prefill_and_scored_tokens(target):
+    passes = []
+    service = VerifyService(VerifySettings(), target, on_pass=lambda *reported: passes.append(reported))
+    service.open("a", PROMPTS["a"], GREEDY)
+    service.step_many([("x", OPEN, NEW["x"], GREEDY), ("a", VERIFY, len(PROMPTS["a"]), DRAFTS["a"], None)])
+    service.verify("a", len(tokens(service, "a")), [], None)
+
+    assert [(prefill, scored) for _, prefill, scored in passes] == [
+        (len(PROMPTS["a"]) - 1, 0),  # the open alone: every prompt token but the last
+        (len(NEW["x"]) - 1, len(DRAFTS["a"]) + 1),  # an open riding along with a round of γ = 3
+        (0, 1)]  # a plain step
+    assert all(ns > 0 for ns, _, _ in passes)

@@ -1,11 +1,11 @@
-"""The coordinator's speculation metrics count what SpeculationStats counts."""
+"""The coordinator's speculation metrics count what SpeculationStats counts; the verifier's pass metrics."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
 from specdec.speculation_stats import SpeculationStats
-from specdec.telemetry.metrics import SpeculationMetrics, session_gauges
+from specdec.telemetry.metrics import SpeculationMetrics, VerifyPassMetrics, session_gauges
 
 
 def test_round_counters_match_speculation_stats():
@@ -33,3 +33,21 @@ def test_session_gauges_are_read_at_scrape_time():
     sessions["b"] = 7
     assert registry.get_sample_value("specdec_active_sessions") == 2
     assert registry.get_sample_value("specdec_kv_cache_tokens") == 12
+
+
+def test_verify_passes_are_told_apart_by_prefill():
+    registry = CollectorRegistry()
+    metrics = VerifyPassMetrics(registry)
+    metrics.observe(120_000_000, prefill_tokens=90, scored_tokens=30)
+    metrics.observe(40_000_000, prefill_tokens=0, scored_tokens=25)
+    metrics.observe(60_000_000, prefill_tokens=0, scored_tokens=5)
+
+    def value(name, **labels):
+        return registry.get_sample_value(name, labels) or 0
+
+    assert value("specdec_verify_pass_duration_seconds_count", prefill="with") == 1
+    assert value("specdec_verify_pass_duration_seconds_sum", prefill="with") == 0.12
+    assert value("specdec_verify_pass_duration_seconds_count", prefill="without") == 2
+    assert value("specdec_verify_pass_duration_seconds_sum", prefill="without") == 0.1
+    assert value("specdec_verify_pass_tokens_total", kind="prefill") == 90
+    assert value("specdec_verify_pass_tokens_total", kind="scored") == 60

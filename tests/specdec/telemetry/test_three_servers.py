@@ -32,19 +32,21 @@ class TracedStack:
     spans_path: object
     coordinator_metrics: int
     draft_metrics: int
+    verify_metrics: int
 
 
 @pytest.fixture(scope="module")
 def traced(tiny_pair_dirs, tmp_path_factory):
     target_dir, draft_dir = tiny_pair_dirs
     spans_path = tmp_path_factory.mktemp("telemetry") / "spans.jsonl"
-    coordinator_port, draft_port = free_port(), free_port()
+    coordinator_port, draft_port, verify_port = free_port(), free_port(), free_port()
     # The exporter comes from the environment, so the verify service honours it without a flag of its own.
     # Fixed γ: every round drafts, so every round has draft spans (adaptive γ would not draft on the tiny pair).
     with LocalStack(str(target_dir), str(draft_dir), env={"SPECDEC_TRACE_EXPORTER": f"jsonl:{spans_path}"},
                     coordinator_args=["--metrics-port", str(coordinator_port), "--no-adaptive-gamma"],
-                    draft_args=["--metrics-port", str(draft_port)]) as stack:
-        yield TracedStack(stack, spans_path, coordinator_port, draft_port)
+                    draft_args=["--metrics-port", str(draft_port)],
+                    verify_args=["--metrics-port", str(verify_port)]) as stack:
+        yield TracedStack(stack, spans_path, coordinator_port, draft_port, verify_port)
 
 
 @pytest.fixture(scope="module")
@@ -208,3 +210,25 @@ def test_draft_service_exports_its_sessions_and_kv_cache(traced, client):
     while scrape(traced.draft_metrics)[("specdec_active_sessions", ())] and time.monotonic() < deadline:
         time.sleep(0.2)
     assert scrape(traced.draft_metrics)[("specdec_active_sessions", ())] == 0
+
+
+def test_verify_service_exports_its_passes_with_and_without_prefill(traced, client):
+    before = scrape(traced.verify_metrics)
+    prompts = [[3, 4, 5, 6, 7], [9, 1, 8]]
+    replies = [client.generate(prompt, max_new_tokens=12, num_speculative_tokens=3, include_stats=True)
+               for prompt in prompts]
+    after = scrape(traced.verify_metrics)
+
+    def delta(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    # One request at a time: each open is a pass of its own, prefilling every prompt token but the last.
+    assert delta("specdec_verify_pass_duration_seconds_count", prefill="with") == len(prompts)
+    assert delta("specdec_verify_pass_tokens_total", kind="prefill") == sum(len(p) - 1 for p in prompts)
+    # Every committed round was scored (γ + 1 tokens); candidate rounds run ahead and then dropped add to it.
+    assert delta("specdec_verify_pass_tokens_total", kind="scored") >= sum(
+        r.stats.drafted_tokens + r.stats.rounds for r in replies)
+    assert delta("specdec_verify_pass_duration_seconds_count", prefill="without") >= max(r.stats.rounds
+                                                                                         for r in replies)
+    assert delta("specdec_verify_pass_duration_seconds_sum", prefill="without") > 0
