@@ -1,10 +1,11 @@
 """Prometheus metrics (prefix `specdec_`), grouped by who records them, and the /metrics endpoint.
 
 Every service: `RpcMetrics` (recorded by the server interceptor) and, on the draft and verify services,
-`session_gauges`; on the verify service `VerifyPassMetrics`: each scoring pass's time, with or without a prefill
-in it (specdec_verify_pass_duration_seconds{prefill="with"|"without"}), and the prompt tokens it prefilled and
-tokens it scored (specdec_verify_pass_tokens_total{kind="prefill"|"scored"}). The coordinator: `SpeculationMetrics`, fed from the same numbers as the per-request
-GenerationStats, so summing the responses' stats gives the counters:
+`session_gauges`; on the verify service `VerifyPassMetrics`: each scoring pass's time, with or without a
+prefill in it (specdec_verify_pass_duration_seconds{prefill="with"|"without"}), and the prompt tokens it
+prefilled and the tokens it scored (specdec_verify_pass_tokens_total{kind="prefill"|"scored"}).
+The coordinator: `SpeculationMetrics`, fed from the same numbers as the per-request GenerationStats, so
+summing the responses' stats gives the counters:
 
   stats field                 metric
   rounds                      specdec_rounds_total  (= specdec_tokens_per_round_count)
