@@ -8,7 +8,7 @@ logits) fails alone.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -41,11 +41,15 @@ class VerifyJob:
     params: SamplingParams
 
 
-def verify_rounds(jobs: Sequence[VerifyJob], prefills: Sequence[PlannedForward] = ()
-                  ) -> list[tuple[Verdict, VerifyTiming] | Exception]:
+PassHook = Callable[[int, int, int], None]  # (forward ns, prompt tokens prefilled, tokens fed for rounds)
+
+
+def verify_rounds(jobs: Sequence[VerifyJob], prefills: Sequence[PlannedForward] = (),
+                  on_pass: PassHook | None = None) -> list[tuple[Verdict, VerifyTiming] | Exception]:
     """Truncates each session to its base_len, scores every x_1..x_γ in one pass, judges and commits.
 
     `prefills` (other sessions' planned prompt prefills, which need no logits) are fed in the same pass.
+    `on_pass` hears of the pass, if one ran.
     After a round its session holds exactly the committed sequence: base_len tokens + the accepted tokens +
     the recovered or bonus token. Returns per job its verdict and timing, or the error that failed it alone.
     """
@@ -65,7 +69,11 @@ def verify_rounds(jobs: Sequence[VerifyJob], prefills: Sequence[PlannedForward] 
     started = time.perf_counter_ns()
     all_logits = run_forwards(plans)[:len(planned)]  # per round [γ+1, V]
     forward_ns = time.perf_counter_ns() - started
-    batch_tokens = sum(len(plan.token_ids) for plan in plans)
+    scored_tokens = sum(len(plan.token_ids) for _, plan in planned)
+    prefill_tokens = sum(len(plan.token_ids) for plan in prefills)
+    batch_tokens = scored_tokens + prefill_tokens
+    if on_pass is not None:
+        on_pass(forward_ns, prefill_tokens, scored_tokens)
     for (index, _), logits in zip(planned, all_logits):
         job = jobs[index]
         sampling_started = time.perf_counter_ns()

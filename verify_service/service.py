@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -15,7 +15,7 @@ from specdec.sampling import SamplingParams, Verdict
 from specdec.session_store import SessionStore
 from specdec.step_batcher import NOT_YET, FollowUpChoice, NotYet, only_result
 from specdec.step_cost import calibrate
-from specdec.verification import VerifyJob, VerifyTiming, verify_rounds
+from specdec.verification import PassHook, VerifyJob, VerifyTiming, verify_rounds
 from specdec.wire import PLAIN_STEP
 from verify_service.settings import VerifySettings
 from verify_service.tensor_parallel import TensorParallelLeader
@@ -50,11 +50,11 @@ class VerifyService:
 
     Under tensor parallelism `ranks` is rank 0's TensorParallelLeader: sessions then run their forwards on
     a MirroredModel, so every rank runs them, and the sampler still runs once, here.
-    `on_pass(ns, prefill_tokens, scored_tokens)` hears of every scoring pass (e.g. the pass metrics).
+    `on_pass(forward_ns, prefill_tokens, scored_tokens)` hears of every scoring pass (e.g. the pass metrics).
     """
 
     def __init__(self, settings: VerifySettings, model: LoadedModel, ranks: TensorParallelLeader | None = None,
-                 on_pass: Callable[[int, int, int], None] | None = None):
+                 on_pass: PassHook | None = None):
         self.settings = settings
         self.model = model
         self.ranks = ranks
@@ -154,18 +154,16 @@ class VerifyService:
                                               session.params)))
             except Exception as error:  # noqa: BLE001
                 round_results[index] = error
-        prefills = [plan for _, kv in opened if (plan := kv.plan_prefill()) is not None]
         started = time.perf_counter_ns()
         try:
-            outcomes = verify_rounds([job for _, job in jobs], prefills)
+            outcomes = verify_rounds([job for _, job in jobs],
+                                     [plan for _, kv in opened if (plan := kv.plan_prefill()) is not None],
+                                     self.on_pass)
         except Exception:
             for index, _ in opened:
                 self.close(opens[index][0])
             raise
         step_ns = time.perf_counter_ns() - started
-        if self.on_pass is not None and (jobs or prefills):
-            self.on_pass(step_ns, sum(len(plan.token_ids) for plan in prefills),
-                         sum(len(job.draft_tokens) + 1 for _, job in jobs))
         for index, _ in opened:
             open_results[index] = step_ns
         for (index, job), outcome in zip(jobs, outcomes):

@@ -166,7 +166,7 @@ class VerifyPassMetrics:
                                   buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5),
                                   registry=registry)
         self.tokens = Counter(PREFIX + "verify_pass_tokens", "Tokens fed to scoring passes: prompt tokens "
-                              "prefilled, and tokens scored (γ + 1 per round)", ["kind"], registry=registry)
+                              "prefilled, and tokens scored for rounds (γ + 1 each)", ["kind"], registry=registry)
 
     def observe(self, ns: int, prefill_tokens: int, scored_tokens: int) -> None:
         """One pass of `ns` that prefilled prefill_tokens prompt tokens and scored scored_tokens."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.errors import InvalidFieldError
+from specdec.errors import InvalidFieldError, StaleBaseLenError
 from specdec.sampling import SamplingParams
 from verify_service.service import OPEN, VERIFY, VerifyService
 from verify_service.settings import VerifySettings
@@ -73,6 +73,8 @@ def test_each_scoring_pass_is_reported_with_its_prefill_and_scored_tokens(target
     service.open("a", PROMPTS["a"], GREEDY)
     service.step_many([("x", OPEN, NEW["x"], GREEDY), ("a", VERIFY, len(PROMPTS["a"]), DRAFTS["a"], None)])
     service.verify("a", len(tokens(service, "a")), [], None)
+    with pytest.raises(StaleBaseLenError):  # a round that fails before the pass: no pass runs, none is reported
+        service.verify("a", len(tokens(service, "a")) + 5, [1], None)
 
     assert [(prefill, scored) for _, prefill, scored in passes] == [
         (len(PROMPTS["a"]) - 1, 0),  # the open alone: every prompt token but the last
