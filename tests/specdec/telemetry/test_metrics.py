@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry
 
 from specdec.speculation_stats import SpeculationStats
 from specdec.telemetry.metrics import SpeculationMetrics, VerifyPassMetrics, session_gauges
+
+
+def sample_reader(registry: CollectorRegistry) -> Callable[..., float]:
+    """value(name, **labels): a sample of the registry, 0 where it has none."""
+    def value(name: str, **labels: str) -> float:
+        return registry.get_sample_value(name, labels) or 0
+    return value
 
 
 def test_round_counters_match_speculation_stats():
@@ -14,9 +23,7 @@ def test_round_counters_match_speculation_stats():
     for drafted, accepted in [(4, 4), (4, 1), (2, 0), (0, 0), (3, 2)]:
         stats.record(drafted, accepted)
         metrics.round_committed(drafted, accepted)
-
-    def value(name, **labels):
-        return registry.get_sample_value(name, labels) or 0
+    value = sample_reader(registry)
 
     assert value("specdec_rounds_total") == stats.rounds == value("specdec_tokens_per_round_count")
     assert value("specdec_drafted_tokens_total") == stats.drafted
@@ -41,9 +48,7 @@ def test_verify_passes_are_told_apart_by_prefill():
     metrics.observe(120_000_000, prefill_tokens=90, scored_tokens=30)
     metrics.observe(40_000_000, prefill_tokens=0, scored_tokens=25)
     metrics.observe(60_000_000, prefill_tokens=0, scored_tokens=5)
-
-    def value(name, **labels):
-        return registry.get_sample_value(name, labels) or 0
+    value = sample_reader(registry)
 
     assert value("specdec_verify_pass_duration_seconds_count", prefill="with") == 1
     assert value("specdec_verify_pass_duration_seconds_sum", prefill="with") == 0.12

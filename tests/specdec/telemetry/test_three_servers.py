@@ -7,6 +7,7 @@ import socket
 import time
 import urllib.request
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -149,6 +150,14 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
             for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
+def difference(before: dict, after: dict) -> Callable[..., float]:
+    """delta(name, **labels): how much a sample grew from one scrape to the next (0 where absent)."""
+    def delta(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+    return delta
+
+
 def test_metrics_counters_equal_the_sum_of_the_responses_stats(traced, client):
     before = scrape(traced.coordinator_metrics)
     replies = [client.generate(prompt, max_new_tokens=20, num_speculative_tokens=gamma, temperature=temperature,
@@ -158,10 +167,7 @@ def test_metrics_counters_equal_the_sum_of_the_responses_stats(traced, client):
     with pytest.raises(grpc.RpcError):
         client.generate([1, 2], max_new_tokens=0)
     after = scrape(traced.coordinator_metrics)
-
-    def delta(name: str, **labels: str) -> float:
-        key = (name, tuple(sorted(labels.items())))
-        return after.get(key, 0.0) - before.get(key, 0.0)
+    delta = difference(before, after)
 
     stats = [r.stats for r in replies]
     total = defaultdict(int)
@@ -218,10 +224,7 @@ def test_verify_service_exports_its_passes_with_and_without_prefill(traced, clie
     replies = [client.generate(prompt, max_new_tokens=12, num_speculative_tokens=3, include_stats=True)
                for prompt in prompts]
     after = scrape(traced.verify_metrics)
-
-    def delta(name: str, **labels: str) -> float:
-        key = (name, tuple(sorted(labels.items())))
-        return after.get(key, 0.0) - before.get(key, 0.0)
+    delta = difference(before, after)
 
     # One request at a time: each open is a pass of its own, prefilling every prompt token but the last.
     assert delta("specdec_verify_pass_duration_seconds_count", prefill="with") == len(prompts)
