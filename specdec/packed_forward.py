@@ -7,11 +7,12 @@ once over the T tokens; attention, registered with transformers under `PACKED_AT
 its own keys/values only.
 
 The rows' keys/values live in one KVPool per model (specdec/kv_pool.py), a slot per sequence. Rows of a few
-tokens each (decode steps, verify blocks) attend on grids: the rows whose slots lie close together form one grid,
-their queries laid out [slots, n, H, D] over the range of slots they occupy, against that range of the pool, with
-a mask that gives each row its own causal window. One call per grid, so a step whose rows are spread over the
-pool (a drafter's lanes of a few sessions among many) makes a call per cluster of slots, not one per row, nor
-reads the idle slots between clusters. Long rows (prefills) attend one row per call.
+tokens each (decode steps, verify blocks) may share an attention call on a grid: their queries laid out
+[slots, n, H, D] over the range of slots they occupy, against that range of the pool up to the grid's longest
+row, with a mask that gives each row its own causal window. A grid saves calls but reads positions its shorter
+rows and the idle slots between never use, so rows in slot order join a grid only where that reads fewer extra
+positions than a call costs (GRID_CALL_POSITIONS): a drafter's lanes of similar lengths in neighbouring slots
+share one, verify rows of very different lengths attend one row per call. Long rows (prefills) attend alone.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from specdec.kv_pool import KVPool, SequenceKV
 
 PACKED_ATTENTION = "specdec_packed"
-GRID_MAX_TOKENS = 16  # rows of at most this many new tokens attend on grids
-# Two short rows' slots this many idle slots apart or fewer share a grid; further apart they split. On CPU an idle
-# slot of 300 positions costs about what one more call costs (~20 µs each, 3-4 heads of 64).
-GRID_MAX_IDLE_SLOTS = 1
+GRID_MAX_TOKENS = 16  # rows of at most this many new tokens may attend on grids
+# One more attention call costs about what attending this many more slot-positions costs. On CPU, 1 thread, 4
+# heads of 64, cold caches: ~15 µs a call against ~0.35 µs a slot-position for 5 queries (11 and 0.15 for one).
+GRID_CALL_POSITIONS = 48
 
 
 @dataclass(frozen=True)
@@ -57,22 +58,33 @@ class AttentionGrid:
     mask: torch.Tensor  # [hi - lo, 1, n, length] additive: 0 where a query sees a position, -inf elsewhere
 
     @classmethod
-    def plan_all(cls, rows: Sequence[PackedRow], offsets: Sequence[int], total_tokens: int,
-                 device: torch.device) -> list[AttentionGrid]:
-        """The grids of a step's short rows: sorted by slot, split where the next slot is more than
-        GRID_MAX_IDLE_SLOTS idle slots away."""
+    def plan_all(cls, rows: Sequence[PackedRow], offsets: Sequence[int], total_tokens: int, device: torch.device,
+                 dtype: torch.dtype) -> list[AttentionGrid]:
+        """The grids of a step's short rows. In slot order, a row joins the grid before it where the slot-positions
+        the grid would read with it (idle slots and positions past a row's end included) are no more than the two
+        read apart plus GRID_CALL_POSITIONS; otherwise it starts a new one. A row left alone gets no grid: it
+        attends alone."""
         short = sorted((i for i, row in enumerate(rows) if row.count <= GRID_MAX_TOKENS), key=lambda i: rows[i].kv.slot)
         clusters: list[list[int]] = []
+        length = 0  # positions the last cluster attends: its longest row's end
         for i in short:
-            if clusters and rows[i].kv.slot - rows[clusters[-1][-1]].kv.slot - 1 <= GRID_MAX_IDLE_SLOTS:
-                clusters[-1].append(i)
-            else:
-                clusters.append([i])
-        return [cls.plan(rows, cluster, offsets, total_tokens, device) for cluster in clusters]
+            end, slot = rows[i].start + rows[i].count, rows[i].kv.slot
+            if clusters:
+                first_slot, last_slot = rows[clusters[-1][0]].kv.slot, rows[clusters[-1][-1]].kv.slot
+                joined = (slot - first_slot + 1) * max(length, end)
+                apart = (last_slot - first_slot + 1) * length + GRID_CALL_POSITIONS + end
+                if joined <= apart:
+                    clusters[-1].append(i)
+                    length = max(length, end)
+                    continue
+            clusters.append([i])
+            length = end
+        return [cls.plan(rows, cluster, offsets, total_tokens, device, dtype) for cluster in clusters
+                if len(cluster) > 1]
 
     @classmethod
     def plan(cls, rows: Sequence[PackedRow], on_grid: Sequence[int], offsets: Sequence[int], total_tokens: int,
-             device: torch.device) -> AttentionGrid:
+             device: torch.device, dtype: torch.dtype) -> AttentionGrid:
         """The grid of the rows `on_grid` (indexes into rows, in slot order)."""
         slots = [rows[i].kv.slot for i in on_grid]
         lo, hi = min(slots), max(slots) + 1
@@ -90,25 +102,31 @@ class AttentionGrid:
         # (the pool is zero-filled) and their outputs are never read.
         last_seen = torch.tensor(starts)[:, None] + torch.arange(query_len)  # [S, n]
         visible = torch.arange(length) <= last_seen[:, :, None]  # [S, n, L]
-        mask = torch.where(visible, 0.0, float("-inf")).unsqueeze(1)  # [S, 1, n, L]
+        mask = _additive(visible).unsqueeze(1)  # [S, 1, n, L]
         in_packing_order = tokens == list(range(total_tokens))  # every token of the step, in order
         indexes = torch.tensor([tokens, slot_offsets, query_positions], device=device)  # [3, Tg]
         return cls(tuple(on_grid), lo, hi, length, None if in_packing_order else indexes[0], indexes[1], indexes[2],
-                   mask.to(device))
+                   mask.to(device, dtype))
 
 
-def _causal_mask(row: PackedRow, device: torch.device) -> torch.Tensor | None:
-    """Query i of a row (position start+i) sees positions 0..start+i: [n, start+n]; None for a single query."""
+def _additive(visible: torch.Tensor) -> torch.Tensor:
+    """A boolean visibility mask as an additive one: 0 where visible, -inf elsewhere (float32)."""
+    return torch.where(visible, 0.0, float("-inf"))
+
+
+def _causal_mask(row: PackedRow, device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:
+    """Query i of a row (position start+i) sees positions 0..start+i: additive [n, start+n], made once per step
+    in the queries' dtype so that no layer's attention converts it; None for a single query."""
     if row.count == 1:
         return None
-    return torch.arange(row.start + row.count, device=device) <= (
-        row.start + torch.arange(row.count, device=device)).unsqueeze(1)
+    visible = torch.arange(row.start + row.count) <= (row.start + torch.arange(row.count)).unsqueeze(1)
+    return _additive(visible).to(device, dtype)
 
 
 class PackedStep:
     """The rows of one packed forward, in packing order (passed to the attention function as a kwarg)."""
 
-    def __init__(self, rows: Sequence[PackedRow], device: torch.device):
+    def __init__(self, rows: Sequence[PackedRow], device: torch.device, dtype: torch.dtype):
         self.rows = list(rows)
         self.pool: KVPool = self.rows[0].kv.pool
         self.offsets = [0]  # row i's tokens are packed at offsets[i]..offsets[i+1]-1
@@ -118,10 +136,11 @@ class PackedStep:
         self.positions = torch.tensor([p for r in self.rows for p in range(r.start, r.start + r.count)],
                                       device=device)  # [T]
         self.slots = torch.tensor([r.kv.slot for r in self.rows for _ in range(r.count)], device=device)  # [T]
-        self.grids = AttentionGrid.plan_all(self.rows, self.offsets, self.total_tokens, device)
+        self.grids = AttentionGrid.plan_all(self.rows, self.offsets, self.total_tokens, device, dtype)
         on_grid = {i for grid in self.grids for i in grid.rows}
         # (row index, its causal mask [n, start+n] or None for one token): the rows attending one per call
-        self.single_rows = [(i, _causal_mask(row, device)) for i, row in enumerate(self.rows) if i not in on_grid]
+        self.single_rows = [(i, _causal_mask(row, device, dtype)) for i, row in enumerate(self.rows)
+                            if i not in on_grid]
 
     @property
     def total_tokens(self) -> int:
@@ -191,7 +210,7 @@ def packed_forward(model: torch.nn.Module, rows: Sequence[tuple[Sequence[int], S
     """
     pool = rows[0][1].pool
     with pool.lock:
-        step = PackedStep([PackedRow(kv, kv.length, len(ids)) for ids, kv, _ in rows], device)
+        step = PackedStep([PackedRow(kv, kv.length, len(ids)) for ids, kv, _ in rows], device, model.dtype)
         input_ids = torch.tensor([[t for ids, _, _ in rows for t in ids]], dtype=torch.long, device=device)  # [1, T]
         keep_at = [end - keep for (_, _, keep), end in zip(rows, step.offsets[1:])]
         keep_index = torch.cat([torch.arange(at, end) for at, end in zip(keep_at, step.offsets[1:])])  # [K]

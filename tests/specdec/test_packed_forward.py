@@ -12,7 +12,8 @@ from transformers import LlamaConfig, MistralConfig
 from specdec.kv_session import KVSession, run_forwards
 from specdec.kv_pool import KVPool
 from specdec.model_runtime import LoadedModel, ModelSettings
-from specdec.packed_forward import GRID_MAX_TOKENS, PackedRow, PackedStep, supports_packed_forward
+from specdec.packed_forward import (GRID_CALL_POSITIONS, GRID_MAX_TOKENS, PackedRow, PackedStep,
+                                    supports_packed_forward)
 
 
 @torch.inference_mode()
@@ -49,16 +50,20 @@ def test_rollback_then_packed_extend_matches_a_fresh_sequence(tiny_pair):
             session.truncate(len(session) - rng.randint(0, len(block)))
 
 
-def test_rows_spread_over_the_pool_attend_in_clusters_and_match_one_sequence_at_a_time(tiny_pair_dirs):
-    """A step on some of many sessions, packed out of slot order: clusters of nearby slots share a grid, far
-    ones get their own, a prefill attends alone; every row still gets exactly its own logits."""
+def test_rows_share_a_grid_only_where_it_reads_less_than_a_call_and_match_one_sequence_at_a_time(tiny_pair_dirs):
+    """A step on some of many sessions, packed out of slot order: rows of like lengths in nearby slots share a
+    grid, far ones and ones much longer than their neighbour attend apart, a prefill attends alone; every row
+    still gets exactly its own logits."""
     target = LoadedModel.load(ModelSettings(str(tiny_pair_dirs[0])))  # its own pool: sessions take slots 0, 1, ...
     rng = random.Random(11)
-    sessions = [KVSession(target, [rng.randrange(1, 64) for _ in range(rng.randint(2, 40))]) for _ in range(14)]
-    run_forwards([plan for s in sessions if (plan := s.plan_prefill()) is not None])
-    in_step = [12, 0, 7, 1, 3, 13, 8]  # slots 0-1-3 (one idle between), 7-8, 12-13; packed in this order
-    step = PackedStep([PackedRow(sessions[i].cache, sessions[i].cached_len, 2) for i in in_step], torch.device("cpu"))
-    assert [[step.rows[i].kv.slot for i in grid.rows] for grid in step.grids] == [[0, 1, 3], [7, 8], [12, 13]]
+    lengths = [20] * 13 + [20 + 2 * GRID_CALL_POSITIONS]  # slot 13 holds far more than slot 12
+    sessions = [KVSession(target, [rng.randrange(1, 64) for _ in range(length)]) for length in lengths]
+    run_forwards([s.plan_prefill() for s in sessions])
+    in_step = [12, 0, 7, 1, 3, 13, 8]  # slots 0-1-3 (one idle between), 7-8, 12 and 13; packed in this order
+    step = PackedStep([PackedRow(sessions[i].cache, sessions[i].cached_len, 2) for i in in_step],
+                      torch.device("cpu"), torch.float32)
+    assert [[step.rows[i].kv.slot for i in grid.rows] for grid in step.grids] == [[0, 1, 3], [7, 8]]
+    assert sorted(step.rows[i].kv.slot for i, _ in step.single_rows) == [12, 13]
     blocks = {i: [rng.randrange(1, 64) for _ in range(rng.randint(0, 5))] for i in in_step}
     newcomer = KVSession(target, [rng.randrange(1, 64) for _ in range(GRID_MAX_TOKENS + 9)])  # a prefill row
     plans = [sessions[i].plan_extend(blocks[i]) for i in in_step] + [newcomer.plan_prefill()]
