@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 from benchmarks import pass_cost
 
@@ -17,10 +18,18 @@ def test_summary_gives_medians_per_row_and_the_gain_against_one_row_alone():
     assert points[240, 4]["batching_gain"] is None  # no one-row pass at that context to compare with
 
 
+def test_spread_lengths_are_even_around_the_context_and_the_one_row_pass_holds_the_nearest():
+    assert pass_cost.context_lengths(240, 0, 4, random.Random(0)) == [240] * 4
+    lengths = pass_cost.context_lengths(240, 300, 16, random.Random(0))
+    assert sorted(lengths) == [round(90 + i * 20) for i in range(16)]  # 90, 110, ..., 390
+    assert lengths[0] in (230, 250) and lengths[1:] != sorted(lengths[1:])  # nearest first, the rest shuffled
+    assert pass_cost.context_lengths(240, 300, 1, random.Random(0)) == [240]
+
+
 def test_run_on_the_tiny_target_times_every_point_and_writes_json_and_png(tiny_pair_dirs, tmp_path, capsys):
     target_dir, _ = tiny_pair_dirs
     report = pass_cost.main(["--target", str(target_dir), "--contexts", "8,20", "--rows", "1,3", "--gamma", "2",
-                             "--repeats", "2", "--out-dir", str(tmp_path)])
+                             "--context-spread", "8", "--repeats", "2", "--out-dir", str(tmp_path)])
     assert "round 2/2" in capsys.readouterr().out
     assert json.loads((tmp_path / "pass_cost.json").read_text()) == report
     assert (tmp_path / "pass_cost.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
