@@ -119,8 +119,9 @@ def _causal_mask(row: PackedRow, device: torch.device, dtype: torch.dtype) -> to
     in the queries' dtype so that no layer's attention converts it; None for a single query."""
     if row.count == 1:
         return None
-    visible = torch.arange(row.start + row.count) <= (row.start + torch.arange(row.count)).unsqueeze(1)
-    return _additive(visible).to(device, dtype)
+    visible = torch.arange(row.start + row.count, device=device) <= (
+        row.start + torch.arange(row.count, device=device)).unsqueeze(1)
+    return _additive(visible).to(dtype)
 
 
 class PackedStep:

@@ -21,7 +21,7 @@ def test_summary_gives_medians_per_row_and_the_gain_against_one_row_alone():
 def test_spread_lengths_are_even_around_the_context_and_the_one_row_pass_holds_the_nearest():
     assert pass_cost.context_lengths(240, 0, 4, random.Random(0)) == [240] * 4
     lengths = pass_cost.context_lengths(240, 300, 16, random.Random(0))
-    assert sorted(lengths) == [round(90 + i * 20) for i in range(16)]  # 90, 110, ..., 390
+    assert sorted(lengths) == list(range(90, 391, 20))
     assert lengths[0] in (230, 250) and lengths[1:] != sorted(lengths[1:])  # nearest first, the rest shuffled
     assert pass_cost.context_lengths(240, 300, 1, random.Random(0)) == [240]
 
