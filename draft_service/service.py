@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from draft_service.drafter import DraftSession, Proposal
 from draft_service.lanes import DraftLanes
 from draft_service.model_drafter import ModelDraftSession
 from draft_service.ngram_drafter import NgramDraftSession, NgramSettings
 from draft_service.settings import DraftSettings
-from specdec.drafting import draft_many
+from specdec.drafting import Drafted, DraftRun
 from specdec.errors import InvalidFieldError, StaleBaseLenError
 from specdec.kv_session import run_forwards
 from specdec.model_runtime import LoadedModel
 from specdec.sampling import SamplingParams
 from specdec.session_store import SessionStore
-from specdec.step_batcher import only_result
+from specdec.step_batcher import JoiningStep, only_result, run_joining
 from specdec.step_cost import calibrate
 
 MODEL, NGRAM = "model", "ngram"
@@ -42,7 +42,30 @@ class ProposeResult:
     proposal: Proposal
     session_len: int
     draft_ns: int
-    batch_rows: int = 1  # proposals drafted by the same passes
+    batch_rows: int = 1  # lanes per pass that drafted it (the mean over its passes)
+
+
+@dataclass
+class _ProposeCall:
+    """A propose call of a running step: its lanes' answers so far and what its passes held."""
+
+    results: list[ProposeResult | None]  # per lane; None while that lane drafts
+    started_ns: int
+    drafting: int = 0  # lanes still drafting
+    passes: int = 0
+    rows: int = 0  # lanes fed, summed over its passes
+
+    def answer(self, slot: int, lane: DraftSession, drafted: Proposal) -> None:
+        """Lane `slot` has drafted."""
+        self.results[slot] = ProposeResult(drafted, len(lane), 0)
+        self.drafting -= 1
+
+    def answers(self) -> list[ProposeResult]:
+        """Every lane's answer; drafted ones carry the call's drafting time and its mean lanes per pass."""
+        if not self.passes:
+            return self.results
+        draft_ns, rows = time.perf_counter_ns() - self.started_ns, round(self.rows / self.passes)
+        return [replace(result, draft_ns=draft_ns, batch_rows=rows) for result in self.results]
 
 
 class DraftService:
@@ -123,28 +146,55 @@ class DraftService:
         """Proposals on the lanes of several sessions (one call per session, one entry per lane); all model lanes
         draft together, one pass per drafted position. Per call one result per lane, or the error that failed
         that call alone."""
-        results: list[list[ProposeResult] | Exception] = [[] for _ in calls]
-        model_jobs: list[tuple[int, int, ModelDraftSession, LaneProposal]] = []  # (call, slot, lane, proposal)
-        started = time.perf_counter_ns()
-        for index, (session_id, proposals) in enumerate(calls):
+        return run_joining(self.propose_joining, calls)
+
+    def propose_joining(self, step: JoiningStep) -> None:
+        """Runs the propose calls of a step (each (session_id, [LaneProposal])) in one DraftRun, taking in the calls
+        queued since before every pass and answering each call as soon as its lanes have drafted: per call one
+        result per lane, or the error that failed that call alone."""
+        run = DraftRun()
+        running: dict[int, _ProposeCall] = {}  # calls with lanes drafting, by index in the step
+
+        def start(index: int) -> None:
+            session_id, proposals = step.calls[index]
+            call = _ProposeCall([], time.perf_counter_ns())
             try:
-                results[index], jobs = self._sync_lanes(session_id, proposals, started)
+                call.results, jobs = self._sync_lanes(session_id, proposals, call.started_ns)
             except Exception as error:  # noqa: BLE001
-                results[index] = error
-                continue
-            model_jobs.extend((index, slot, lane, proposal) for slot, lane, proposal in jobs)
-        drafted = draft_many([(lane.session, p.num_tokens, lane.params, p.num_alternatives)
-                              for _, _, lane, p in model_jobs])
-        draft_ns = time.perf_counter_ns() - started
-        for (index, slot, lane, _), outcome in zip(model_jobs, drafted):
-            if isinstance(results[index], Exception):
-                continue
+                step.finish(index, error)
+                return
+            running[index] = call
+            for slot, lane, proposal in jobs:
+                call.drafting += 1
+                outcome = run.add((index, slot, lane), lane.session, proposal.num_tokens, lane.params,
+                                  proposal.num_alternatives)
+                if outcome is not None:
+                    drafted(index, slot, lane, outcome)
+            if index in running and not call.drafting:
+                step.finish(index, running.pop(index).answers())
+
+        def drafted(index: int, slot: int, lane: ModelDraftSession, outcome: Drafted | Exception) -> None:
+            call = running.get(index)
+            if call is None:  # an earlier lane of the call failed it
+                return
             if isinstance(outcome, Exception):
-                results[index] = outcome
-                continue
-            proposal = Proposal(outcome.token_ids, outcome.probs, outcome.alternatives)
-            results[index][slot] = ProposeResult(proposal, len(lane), draft_ns, len(model_jobs))
-        return results
+                del running[index]
+                step.finish(index, outcome)
+                return
+            call.answer(slot, lane, Proposal(outcome.token_ids, outcome.probs, outcome.alternatives))
+
+        for index in range(len(step.calls)):
+            start(index)
+        while run:
+            for index in step.join():
+                start(index)
+            for call in running.values():
+                call.passes += 1
+                call.rows += run.rows
+            for (index, slot, lane), outcome in run.step():
+                drafted(index, slot, lane, outcome)
+                if index in running and not running[index].drafting:
+                    step.finish(index, running.pop(index).answers())
 
     def _sync_lanes(self, session_id: str, proposals: Sequence[LaneProposal], started: int
                     ) -> tuple[list[ProposeResult | None], list[tuple[int, ModelDraftSession, LaneProposal]]]:

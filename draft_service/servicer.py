@@ -1,6 +1,7 @@
 """The Drafter gRPC servicer: decodes requests, queues them for DraftService's model thread, encodes replies.
 
-Opens and Propose calls that arrive while a step runs are batched into the next step (specdec/step_batcher.py).
+Opens and Propose calls that arrive while a step runs are batched into the next step (specdec/step_batcher.py);
+Propose calls join a running propose step before its next pass (--join-running-step).
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 
     def __init__(self, service: DraftService, on_step: Callable[[str, int], None] | None = None):
         self.service = service
+        joining = {"propose": service.propose_joining} if service.settings.join_running_step else {}
         self._batcher = StepBatcher({"open": service.open_many, "propose": service.propose_many},
                                     service.settings.max_batch_size, "draft-model", on_step,
-                                    service.settings.max_batch_wait_ms / 1000)
+                                    service.settings.max_batch_wait_ms / 1000, joining_fns=joining)
 
     def close(self) -> None:
         """Ends the model thread once the server has stopped."""

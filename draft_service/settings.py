@@ -24,6 +24,8 @@ class DraftSettings(ServerTlsSettings, StepBatchingSettings, CpuAffinitySettings
     max_sessions: int = setting(256, "most sessions held at once; more are refused with RESOURCE_EXHAUSTED")
     max_speculative_tokens: int = setting(16, "largest num_speculative_tokens a Propose may ask for")
     max_lanes: int = setting(16, "most lanes one session may hold (a coordinator's pre-draft guesses)")
+    join_running_step: bool = setting(True, "Propose calls that arrive while a step drafts join it before its next "
+                                            "pass (iteration-level batching) instead of waiting for the whole step")
     max_alternatives: int = setting(8, "largest num_alternatives a Propose may ask for")
     default_draft_method: str = setting("model", "draft method for sessions that name none: model or ngram")
     ngram_min: int = setting(1, "n-gram drafter: shortest suffix matched")

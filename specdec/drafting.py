@@ -96,43 +96,74 @@ def next_tokens(jobs: Sequence[DraftJob], logits: Sequence[torch.Tensor]) -> lis
 DraftRequest = tuple[KVSession, int, SamplingParams, int]  # session, tokens to draft, sampling, alternatives
 
 
-def draft_many(requests: Sequence[DraftRequest]) -> list[Drafted | Exception]:
-    """Samples num_tokens tokens after each session's sequence and appends them to it.
+class DraftRun:
+    """Sessions drafting together: every live session's next token in one packed forward pass per step.
 
-    Step i feeds every session still drafting in one pass. Returns per request the tokens, the
-    distributions q they were drawn from ([γ, V]), or None under greedy decoding, where q is one-hot at the
-    drafted token, and per position the num_alternatives most likely other tokens by the draft's logits
-    (guesses of what the verifier puts there if it rejects the drafted token); or the error that failed that
-    request alone. The last drafted token is left pending: the next extend feeds it, or a rollback drops it
-    without it ever being computed.
+    Sessions may be added between steps (iteration-level batching): one that arrives while others draft waits for
+    the pass under way, not for all the passes the others still have to make, and each session leaves as soon as
+    it has its tokens. The last drafted token of a session is left pending: its next extend feeds it, or a
+    rollback drops it without it ever being computed.
     """
-    results: list[Drafted | Exception | None] = [None] * len(requests)
-    live: list[tuple[int, DraftJob, PlannedForward]] = []
-    for index, (session, num_tokens, params, num_alternatives) in enumerate(requests):
+
+    def __init__(self) -> None:
+        self._live: list[tuple[object, DraftJob, PlannedForward]] = []  # (caller's key, job, its next forward)
+
+    def __bool__(self) -> bool:
+        return bool(self._live)
+
+    @property
+    def rows(self) -> int:
+        """Sessions the next step feeds."""
+        return len(self._live)
+
+    def add(self, key: object, session: KVSession, num_tokens: int, params: SamplingParams,
+            num_alternatives: int = 0) -> Drafted | Exception | None:
+        """Starts drafting num_tokens tokens after the session's sequence; `key` names it in step()'s results.
+        Returns its outcome at once when there is nothing to draft or it cannot start (the error), else None."""
         job = DraftJob(session, num_tokens, params, num_alternatives)
         if num_tokens == 0:
-            results[index] = job.result()
-            continue
+            return job.result()
         try:
-            live.append((index, job, session.plan_extend()))
-        except Exception as error:  # noqa: BLE001 - reported to that request only
-            results[index] = error
-    while live:
+            self._live.append((key, job, session.plan_extend()))
+        except Exception as error:  # noqa: BLE001 - reported to that session's caller only
+            return error
+        return None
+
+    def step(self) -> list[tuple[object, Drafted | Exception]]:
+        """Runs one forward pass for every live session; returns (key, outcome) of those that finished in it."""
+        finished: list[tuple[object, Drafted | Exception]] = []
         still_live = []
-        step_logits = [logits[-1] for logits in run_forwards([plan for _, _, plan in live])]  # per job [V]
-        for (index, job, _), token in zip(live, next_tokens([job for _, job, _ in live], step_logits)):
+        step_logits = [logits[-1] for logits in run_forwards([plan for _, _, plan in self._live])]  # per job [V]
+        for (key, job, _), token in zip(self._live, next_tokens([job for _, job, _ in self._live], step_logits)):
             if isinstance(token, Exception):
-                results[index] = token
+                finished.append((key, token))
                 continue
             try:
                 if len(job.tokens) < job.num_tokens:
-                    still_live.append((index, job, job.session.plan_extend([token], score_previous=False)))
+                    still_live.append((key, job, job.session.plan_extend([token], score_previous=False)))
                     continue
                 job.session.append([token])
-                results[index] = job.result()
+                finished.append((key, job.result()))
             except Exception as error:  # noqa: BLE001
-                results[index] = error
-        live = still_live
+                finished.append((key, error))
+        self._live = still_live
+        return finished
+
+
+def draft_many(requests: Sequence[DraftRequest]) -> list[Drafted | Exception]:
+    """Samples num_tokens tokens after each session's sequence and appends them to it, all sessions in one
+    DraftRun (one pass per drafted position).
+
+    Returns per request the tokens, the distributions q they were drawn from ([γ, V]), or None under greedy
+    decoding, where q is one-hot at the drafted token, and per position the num_alternatives most likely other
+    tokens by the draft's logits (guesses of what the verifier puts there if it rejects the drafted token); or the
+    error that failed that request alone.
+    """
+    run = DraftRun()
+    results: list[Drafted | Exception | None] = [run.add(index, *request) for index, request in enumerate(requests)]
+    while run:
+        for index, outcome in run.step():
+            results[index] = outcome
     return results
 
 

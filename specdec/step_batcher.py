@@ -19,6 +19,11 @@ A caller may also queue a *follow-up*: the session's next call, decided by the r
 run, then asks it which call to make (`choose`); the chosen call joins the next step at once, without waiting
 for a round trip to the caller and back. A follow-up that overtook the call it follows (its choice says NOT_YET)
 waits for the session's next call to run.
+
+A kind may also be *joining*: its step function runs a step of several model passes (a drafter's proposals,
+one pass per drafted position) and, between passes, takes in calls of that kind queued since (`JoiningStep.join`)
+and answers each call as soon as it is done (`JoiningStep.finish`). A call arriving while such a step runs then
+waits for one pass, not for the whole step.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ BatchFn = Callable[[Sequence[tuple]], Sequence[Any]]  # argument tuples -> per c
 # Given the result (or Exception; None if there is none) of the session's last batchable call: (a tag, the
 # argument tuple of the call to run), None to run nothing, or NOT_YET.
 FollowUpChoice = Callable[[Any], tuple[Any, tuple] | None | NotYet]
+JoiningFn = Callable[["JoiningStep"], None]  # runs a step, finishing every call in it (see JoiningStep)
 
 
 def only_result(results: Sequence[T | Exception]) -> T:
@@ -58,6 +64,34 @@ def only_result(results: Sequence[T | Exception]) -> T:
     if isinstance(results[0], Exception):
         raise results[0]
     return results[0]
+
+
+class JoiningStep:
+    """A running step of a joining kind: the argument tuples of its calls (`calls`, in joining order; a call's
+    index is its place there), more calls taken in between passes, and each call answered once it is done.
+
+    This base is a step of fixed calls (nothing joins) that collects the results; the batcher's own takes in
+    queued calls.
+    """
+
+    def __init__(self, calls: Sequence[tuple]):
+        self.calls: list[tuple] = list(calls)
+        self.results: list[Any] = [None] * len(self.calls)  # per call its result or Exception, once finished
+
+    def join(self) -> list[int]:
+        """Takes in the calls queued since the step began or last joined; returns their indexes in `calls`."""
+        return []
+
+    def finish(self, index: int, result: Any) -> None:
+        """Answers call `index` with its result (or Exception)."""
+        self.results[index] = result
+
+
+def run_joining(fn: JoiningFn, calls: Sequence[tuple]) -> list[Any]:
+    """Runs a joining kind's step function over fixed calls, like a batch function; per call its result or error."""
+    step = JoiningStep(calls)
+    fn(step)
+    return step.results
 
 
 @dataclass(frozen=True)
@@ -92,10 +126,12 @@ class StepBatcher:
     """One worker thread that runs queued model work, batching calls of the same kind."""
 
     def __init__(self, batch_fns: Mapping[str, BatchFn], max_batch_size: int, name: str,
-                 on_step: Callable[[str, int], None] | None = None, max_wait_s: float = 0.0):
+                 on_step: Callable[[str, int], None] | None = None, max_wait_s: float = 0.0,
+                 joining_fns: Mapping[str, JoiningFn] | None = None):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.batch_fns = dict(batch_fns)
+        self.joining_fns = dict(joining_fns or {})  # kinds whose steps take in calls between passes (run instead)
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s if max_batch_size > 1 else 0.0
         self.on_step = on_step  # (kind, calls in the batch), e.g. a batch-size histogram
@@ -105,14 +141,14 @@ class StepBatcher:
         self._chosen: list[_Call] = []  # calls chosen by follow-ups, for the next step
         self._held: dict[object, list[_Call]] = {}  # per session the follow-ups waiting for a call of it to run
         self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._carried: list[_Call] = []  # calls a joining step took off the queue but left for the next drain
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, kind: str, *args, follows: Callable[[Any], bool] | None = None) -> asyncio.Future:
         """Queues one call of a batchable kind; the future resolves to its result or raises its error.
         `follows(result)` says whether the session's next call comes at once (None: it does)."""
-        if kind not in self.batch_fns:
-            raise KeyError(f"no batch function for {kind!r}")
+        self._check_kind(kind)
         return self._enqueue(kind, None, args, follows)
 
     def submit_follow_up(self, kind: str, session: object, choose: FollowUpChoice,
@@ -120,8 +156,7 @@ class StepBatcher:
         """Queues the session's next call of `kind`, decided once the call before it has run: `choose(result)`
         gives (tag, args) of the call to run in the next step (args[0] is the session), None for none, or NOT_YET to
         wait for the session's next call. The future resolves to (tag, that call's result) or None."""
-        if kind not in self.batch_fns:
-            raise KeyError(f"no batch function for {kind!r}")
+        self._check_kind(kind)
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._queue.put(_Call(kind, None, (session,), future, loop, follows, choose))
@@ -137,6 +172,10 @@ class StepBatcher:
         if wait:
             self._thread.join()
 
+    def _check_kind(self, kind: str) -> None:
+        if kind not in self.batch_fns and kind not in self.joining_fns:
+            raise KeyError(f"no batch function for {kind!r}")
+
     def _enqueue(self, kind: str | None, fn: Callable[..., Any] | None, args: tuple,
                  follows: Callable[[Any], bool] | None = None) -> asyncio.Future:
         loop = asyncio.get_running_loop()
@@ -147,8 +186,8 @@ class StepBatcher:
     def _work(self) -> None:
         while True:
             chosen, self._chosen = self._chosen, []  # they queue behind the calls that arrived before them
-            calls = []
-            if not chosen:
+            calls, self._carried = self._carried, []
+            if not chosen and not calls:
                 first = self._queue.get()
                 if first is None:
                     return
@@ -257,21 +296,59 @@ class StepBatcher:
         self._release_held(call.session)
 
     def _run_batch(self, kind: str, batch: list[_Call]) -> None:
+        if kind in self.joining_fns:
+            self._run_joining(kind, batch)
+            return
         try:
             results = self.batch_fns[kind]([call.args for call in batch])
         except Exception as error:  # noqa: BLE001 - the whole step failed: every call in it gets the error
             log.exception("%s step of %d calls failed", kind, len(batch))
             results = [error] * len(batch)
-        for call, result in zip(batch, results):
-            self._last_results[call.session] = result
-            if not isinstance(result, Exception) and (call.follows is None or call.follows(result)):
-                self._served.add(call.session)
         if self.on_step is not None:
             self.on_step(kind, len(batch))
         for call, result in zip(batch, results):
-            _settle(call, result)
-            if call.session in self._held and not self._release_held(call.session):
-                self._served.discard(call.session)  # nothing follows at once after all
+            self._complete(call, result)
+
+    def _run_joining(self, kind: str, batch: list[_Call]) -> None:
+        step = _BatcherJoiningStep(self, kind, batch)
+        try:
+            self.joining_fns[kind](step)
+        except Exception as error:  # noqa: BLE001 - the step failed: every call not yet answered gets the error
+            log.exception("%s step of %d calls failed", kind, len(step.calls))
+            step.finish_rest(error)
+        step.finish_rest(RuntimeError(f"the {kind} step ended without answering this call"))
+        if self.on_step is not None:
+            self.on_step(kind, len(step.calls))
+
+    def _complete(self, call: _Call, result: Any) -> None:
+        """Records a batchable call's result and answers it."""
+        self._last_results[call.session] = result
+        if not isinstance(result, Exception) and (call.follows is None or call.follows(result)):
+            self._served.add(call.session)
+        _settle(call, result)
+        if call.session in self._held and not self._release_held(call.session):
+            self._served.discard(call.session)  # nothing follows at once after all
+
+    def _take_joining(self, kind: str, room: int, in_step: set[object]) -> list[_Call]:
+        """Up to `room` calls of `kind` queued since, on sessions not in the step; every other call drained stays
+        for the next drain in its place, and a session's later calls stay behind it."""
+        joined: list[_Call] = []
+        held_back = {call.session for call in self._carried}
+        while not self._queue.empty():
+            call = self._queue.get_nowait()
+            if call is None:  # stop once the calls before it have run
+                self._queue.put(None)
+                break
+            if call.future.cancelled():
+                continue
+            if (len(joined) < room and call.kind == kind and call.choose is None and call.session not in in_step
+                    and call.session not in held_back):
+                joined.append(call)
+                in_step.add(call.session)
+            else:
+                self._carried.append(call)
+                held_back.add(call.session)
+        return joined
 
     def _release_held(self, session: object) -> bool:
         """Decides the follow-ups held for `session` now that a call of it ran (the chosen calls join the next
@@ -282,6 +359,44 @@ class StepBatcher:
                 self._chosen.append(chosen)
                 chose = True
         return chose
+
+
+class _BatcherJoiningStep(JoiningStep):
+    """A joining step on the batcher's worker: it takes in queued calls of its kind while fewer than
+    max_batch_size of its calls are unanswered, and answers each call as it finishes."""
+
+    def __init__(self, batcher: StepBatcher, kind: str, batch: list[_Call]):
+        super().__init__([call.args for call in batch])
+        self._batcher = batcher
+        self._kind = kind
+        self._batch = list(batch)
+        self._unanswered = set(range(len(batch)))
+        self._sessions = {call.session for call in batch}  # a session is in a step at most once
+
+    def join(self) -> list[int]:
+        room = self._batcher.max_batch_size - len(self._unanswered)
+        if room <= 0:
+            return []
+        joined = self._batcher._take_joining(self._kind, room, self._sessions)
+        first = len(self._batch)
+        self._batch.extend(joined)
+        self.calls.extend(call.args for call in joined)
+        self.results.extend([None] * len(joined))
+        indexes = list(range(first, len(self._batch)))
+        self._unanswered.update(indexes)
+        return indexes
+
+    def finish(self, index: int, result: Any) -> None:
+        if index not in self._unanswered:
+            raise ValueError(f"call {index} of the step is already answered or was never in it")
+        self._unanswered.discard(index)
+        super().finish(index, result)
+        self._batcher._complete(self._batch[index], result)
+
+    def finish_rest(self, error: Exception) -> None:
+        """Answers every call not answered yet with `error`."""
+        for index in sorted(self._unanswered):
+            self.finish(index, error)
 
 
 def _settle(call: _Call, result: Any) -> None:

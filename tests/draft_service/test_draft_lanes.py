@@ -9,6 +9,7 @@ from draft_service.service import DraftService, LaneProposal
 from draft_service.settings import DraftSettings
 from specdec.errors import InvalidFieldError, StaleBaseLenError
 from specdec.sampling import SamplingParams
+from specdec.step_batcher import JoiningStep
 
 PROMPT = [4, 8, 15, 16, 23]
 GREEDY = SamplingParams()
@@ -95,3 +96,51 @@ def test_lane_counts_out_of_range_are_refused(drafter, num_lanes):
     with pytest.raises(InvalidFieldError) as raised:
         drafter.open("s", PROMPT, GREEDY, "model", num_lanes=num_lanes)
     assert raised.value.field == "num_lanes" and len(drafter.sessions) == 0
+
+
+class JoinsBeforeSecondPass(JoiningStep):
+    """A step that takes in `later` calls before its second pass and records after how many passes each call was
+    answered."""
+
+    def __init__(self, calls, later):
+        super().__init__(calls)
+        self.later = list(later)
+        self.passes = 0  # passes about to run, counted at each join
+        self.answered_after: dict[int, int] = {}
+
+    def join(self):
+        self.passes += 1
+        if self.passes != 2:
+            return []
+        first = len(self.calls)
+        self.calls.extend(self.later)
+        self.results.extend([None] * len(self.later))
+        return list(range(first, len(self.calls)))
+
+    def finish(self, index, result):
+        super().finish(index, result)
+        self.answered_after[index] = self.passes
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_a_call_that_joins_a_running_step_drafts_what_it_would_alone_and_is_answered_when_done(drafter, params):
+    """s drafts 5 tokens on lane 0 and 2 on lane 1; t joins before the second pass with 3 tokens, so passes hold
+    2, 3, 2, 2, 1 lanes: t is answered after pass 4, s after pass 5, each lane's block what a fresh session drafts."""
+    drafter.open("s", PROMPT, params, "model", num_lanes=2)
+    drafter.open("t", PROMPT[:3], params, "model")
+    step = JoinsBeforeSecondPass(
+        [("s", [LaneProposal(0, len(PROMPT), [], 5, 2), LaneProposal(1, len(PROMPT), [7], 2, 2)])],
+        [("t", [LaneProposal(0, 3, [9], 3, 2)])])
+    drafter.propose_joining(step)
+    assert step.answered_after == {1: 4, 0: 5}
+    (s0, s1), [t0] = step.results
+    assert (s0.batch_rows, s1.batch_rows, t0.batch_rows) == (2, 2, 2)  # 10 lanes over 5 passes; 7 over 3
+    for index, (sequence, tokens, result) in enumerate([(PROMPT, 5, s0), (PROMPT + [7], 2, s1),
+                                                        (PROMPT[:3] + [9], 3, t0)]):
+        drafter.open(f"fresh-{index}", sequence, params, "model")
+        fresh = drafter.propose(f"fresh-{index}", len(sequence), [], tokens, num_alternatives=2)
+        assert result.proposal.token_ids == fresh.proposal.token_ids
+        assert result.proposal.alternatives == fresh.proposal.alternatives
+        assert result.session_len == len(sequence) + tokens
+        if not params.greedy:
+            torch.testing.assert_close(result.proposal.probs, fresh.proposal.probs, rtol=1e-4, atol=1e-6)

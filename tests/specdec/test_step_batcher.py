@@ -231,3 +231,103 @@ def test_a_follow_up_that_overtook_its_call_waits_for_it():
     assert run(main()) == [20, ("t", 210)]
     batcher.close()
     assert recorder.batches == [[("a", 2)], [("a", 21)]]
+
+
+class PassCounter:
+    """A joining step function: each call (session, passes) is answered with passes * 10 after that many passes;
+    the first pass is held until `release` is set while calls queue up (pass i, until holds[i] is set). Records
+    which calls each pass held."""
+
+    def __init__(self):
+        self.passes: list[list[str]] = []
+        self.release = threading.Event()
+        self.holds = {0: self.release}
+
+    def __call__(self, step):
+        left = {index: args[1] for index, args in enumerate(step.calls)}
+        while left:
+            left.update((index, step.calls[index][1]) for index in step.join())
+            if len(self.passes) in self.holds:
+                self.holds[len(self.passes)].wait(5)
+            self.passes.append(sorted(step.calls[index][0] for index in left))
+            for index in list(left):
+                left[index] -= 1
+                if not left[index]:
+                    del left[index]
+                    step.finish(index, step.calls[index][1] * 10)
+
+
+def joining_batcher(max_batch_size: int) -> tuple[PassCounter, StepBatcher, list[tuple[str, int]]]:
+    counter, steps = PassCounter(), []
+    batcher = StepBatcher({}, max_batch_size=max_batch_size, name="test", joining_fns={"step": counter},
+                          on_step=lambda kind, calls: steps.append((kind, calls)))
+    return counter, batcher, steps
+
+
+def test_calls_that_queue_during_a_joining_step_join_it_at_its_next_pass_and_leave_when_done():
+    counter, batcher, steps = joining_batcher(max_batch_size=8)
+    counter.holds[2] = third_pass = threading.Event()
+
+    async def main():
+        first = batcher.submit("step", "first", 3)
+        await asyncio.sleep(0.05)  # the first pass holds `first` alone
+        short, long = batcher.submit("step", "short", 1), batcher.submit("step", "long", 3)
+        counter.release.set()
+        assert await short == 10  # answered after its own pass, while the step goes on
+        third_pass.set()
+        return await asyncio.gather(first, long)
+
+    assert run(main()) == [30, 30]
+    batcher.close()
+    assert counter.passes == [["first"], ["first", "long", "short"], ["first", "long"], ["long"]]
+    assert steps == [("step", 3)]
+
+
+def test_only_calls_of_the_kind_on_new_sessions_join_within_the_size_limit_and_the_rest_keep_their_order():
+    counter, batcher, steps = joining_batcher(max_batch_size=3)
+    events = []
+
+    async def main():
+        first = batcher.submit("step", "first", 2)
+        await asyncio.sleep(0.05)
+        calls = [batcher.submit("step", "first", 1),  # its session is in the step: next step
+                 batcher.run(lambda session: events.append(f"closed {session}"), "c"),
+                 batcher.submit("step", "c", 1),  # behind the one-off on its session: next step
+                 batcher.submit("step", "d", 1), batcher.submit("step", "e", 1),  # join (3 calls in all)
+                 batcher.submit("step", "f", 1)]  # no room left: next step
+        counter.release.set()
+        return await asyncio.gather(first, *calls)
+
+    assert run(main()) == [20, 10, None, 10, 10, 10, 10]
+    batcher.close()
+    assert counter.passes == [["first"], ["d", "e", "first"], ["c", "f", "first"]]
+    assert events == ["closed c"] and steps == [("step", 3), ("step", 3)]
+
+
+def test_batch_size_one_joins_nothing_and_a_failing_joining_step_fails_the_calls_it_had_not_answered():
+    counter, batcher, _ = joining_batcher(max_batch_size=1)
+
+    async def alone():
+        first = batcher.submit("step", "first", 2)
+        await asyncio.sleep(0.05)
+        second = batcher.submit("step", "second", 1)
+        counter.release.set()
+        return await asyncio.gather(first, second)
+
+    assert run(alone()) == [20, 10]
+    batcher.close()
+    assert counter.passes == [["first"], ["first"], ["second"]]
+
+    def answers_one_then_fails(step):
+        step.finish(0, "done")
+        raise RuntimeError("model failed")
+
+    failing = StepBatcher({}, max_batch_size=4, name="test", joining_fns={"step": answers_one_then_fails})
+
+    async def both():
+        return await asyncio.gather(failing.submit("step", "a", 1), failing.submit("step", "b", 1),
+                                    return_exceptions=True)
+
+    outcomes = run(both())
+    failing.close()
+    assert outcomes[0] == "done" and isinstance(outcomes[1], RuntimeError)
