@@ -163,17 +163,19 @@ class DraftService:
             except Exception as error:  # noqa: BLE001
                 step.finish(index, error)
                 return
+            if not jobs:  # nothing to draft by model: every lane is answered already
+                step.finish(index, call.answers())
+                return
             running[index] = call
+            call.drafting = len(jobs)
             for slot, lane, proposal in jobs:
-                call.drafting += 1
                 outcome = run.add((index, slot, lane), lane.session, proposal.num_tokens, lane.params,
                                   proposal.num_alternatives)
                 if outcome is not None:
                     drafted(index, slot, lane, outcome)
-            if index in running and not call.drafting:
-                step.finish(index, running.pop(index).answers())
 
         def drafted(index: int, slot: int, lane: ModelDraftSession, outcome: Drafted | Exception) -> None:
+            """Records one lane's outcome; answers the call once its last lane is in, or at its first error."""
             call = running.get(index)
             if call is None:  # an earlier lane of the call failed it
                 return
@@ -182,6 +184,8 @@ class DraftService:
                 step.finish(index, outcome)
                 return
             call.answer(slot, lane, Proposal(outcome.token_ids, outcome.probs, outcome.alternatives))
+            if not call.drafting:
+                step.finish(index, running.pop(index).answers())
 
         for index in range(len(step.calls)):
             start(index)
@@ -193,8 +197,6 @@ class DraftService:
                 call.rows += run.rows
             for (index, slot, lane), outcome in run.step():
                 drafted(index, slot, lane, outcome)
-                if index in running and not running[index].drafting:
-                    step.finish(index, running.pop(index).answers())
 
     def _sync_lanes(self, session_id: str, proposals: Sequence[LaneProposal], started: int
                     ) -> tuple[list[ProposeResult | None], list[tuple[int, ModelDraftSession, LaneProposal]]]:

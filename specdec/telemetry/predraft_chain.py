@@ -24,6 +24,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from specdec.telemetry.timeline import read_spans
 
 LINKS = ("to_propose", "propose", "to_verify_next", "slack")
@@ -80,19 +82,13 @@ def _first(spans: Sequence[dict], name: str, predraft: bool | None = None) -> di
     return None
 
 
-def quantile(values: Sequence[float], share: float) -> float:
-    """The value below which `share` of the values lie (nearest rank)."""
-    ordered = sorted(values)
-    return ordered[min(int(len(ordered) * share), len(ordered) - 1)]
-
-
 def describe(times: ChainTimes, wait_ms: float) -> str:
     """A table of each link's quantiles and the shares of late successors."""
     header = f"{'link (ms)':<16}" + "".join(f"{f'p{round(q * 100)}':>9}" for q in QUANTILES)
     lines = [f"{times.rounds} rounds that pre-drafted and chained their successor", header]
     for link in LINKS:
-        values = times.links[link]
-        lines.append(f"{link:<16}" + "".join(f"{quantile(values, q):>9.1f}" for q in QUANTILES))
+        quantiles = np.quantile(times.links[link], QUANTILES)
+        lines.append(f"{link:<16}" + "".join(f"{value:>9.1f}" for value in quantiles))
     lines.append(f"successor after its pass ended: {times.late_share():.1%}; "
                  f"more than {wait_ms:g} ms after (missed it): {times.late_share(wait_ms):.1%}")
     return "\n".join(lines)
