@@ -24,7 +24,8 @@ log = logging.getLogger("draft_service")
 def build_service(settings: DraftSettings) -> DraftService:
     """Loads the draft model (if any) and wraps it in a DraftService."""
     if settings.model:
-        model = LoadedModel.load(ModelSettings(settings.model, settings.device, settings.dtype, settings.threads))
+        model = LoadedModel.load(ModelSettings(settings.model, settings.device, settings.dtype, settings.threads,
+                                               settings.attention_kernel))
         return DraftService(settings, model, model.vocab_size)
     if settings.vocab_size <= 0:
         raise SystemExit("a model-free draft service needs --vocab-size (the target's vocabulary size)")

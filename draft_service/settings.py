@@ -21,6 +21,8 @@ class DraftSettings(ServerTlsSettings, StepBatchingSettings, CpuAffinitySettings
     device: str = setting("cpu", "device for the draft model: cpu or cuda:N")
     dtype: str = setting("float32", "weight dtype: float32, bfloat16 or float16")
     threads: int = setting(1, "CPU threads for the model (0 = torch default)")
+    attention_kernel: bool = setting(True, "CPU, float32: a pass's short rows attend in the compiled kernel "
+                                           "(specdec/ragged_attention.py; built on first start) instead of SDPA")
     max_sessions: int = setting(256, "most sessions held at once; more are refused with RESOURCE_EXHAUSTED")
     max_speculative_tokens: int = setting(16, "largest num_speculative_tokens a Propose may ask for")
     max_lanes: int = setting(16, "most lanes one session may hold (a coordinator's pre-draft guesses)")

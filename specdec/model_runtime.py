@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 from specdec.cpu_lm_head import use_onednn_lm_head
 from specdec.kv_pool import KVPool, SequenceKV
 from specdec.packed_forward import PACKED_ATTENTION, packed_forward, supports_packed_forward
+from specdec.ragged_attention import AttendRows, kernel_fits, load_kernel
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,7 @@ class ModelSettings:
     device: str = "cpu"  # "cpu" or "cuda:N"
     dtype: str = "float32"  # a key of DTYPES
     threads: int = 0  # intra-op CPU threads; 0 keeps torch's default
+    attention_kernel: bool = True  # CPU, float32: short packed rows attend in the compiled kernel (else SDPA)
 
 
 class TokenizerMismatchError(ValueError):
@@ -83,9 +85,14 @@ class LoadedModel:
         self.identity = VocabularyIdentity(settings.model, self.vocab_size, tokenizer_sha256(tokenizer))
         self.eos_token_ids: frozenset[int] = frozenset(_eos_ids(model, tokenizer))
         self.packed = supports_packed_forward(model.config)
+        self.attention_kernel: AttendRows | None = None  # for packed passes' short rows; None: SDPA
         if self.packed:
             model.set_attn_implementation(PACKED_ATTENTION)
             self.kv_pool = KVPool(model.config.num_hidden_layers)  # every sequence's keys/values on this model
+            head_dim = getattr(model.config, "head_dim", None) or (
+                model.config.hidden_size // model.config.num_attention_heads)
+            if settings.attention_kernel and kernel_fits(self.device, model.dtype, head_dim):
+                self.attention_kernel = load_kernel()
 
     @classmethod
     def load(cls, settings: ModelSettings, **from_pretrained_kwargs) -> LoadedModel:
@@ -117,7 +124,8 @@ class LoadedModel:
     def forward(self, input_ids: torch.Tensor, cache: Cache) -> torch.Tensor:
         """Runs input_ids [1, T] after the cached prefix, extending the cache; returns float32 logits [T, V]."""
         if self.packed:
-            return packed_forward(self.model, [(input_ids[0].tolist(), cache, input_ids.shape[1])], self.device)[0]
+            return packed_forward(self.model, [(input_ids[0].tolist(), cache, input_ids.shape[1])], self.device,
+                                  self.attention_kernel)[0]
         output = self.model(input_ids=input_ids.to(self.device), cache=cache, use_cache=True)
         return output.logits[0].float()
 
@@ -126,7 +134,7 @@ class LoadedModel:
         packs, else one pass per row. rows: (token ids, cache, how many last positions need logits); returns
         per row float32 logits [keep, V]."""
         if self.packed:
-            return packed_forward(self.model, rows, self.device)
+            return packed_forward(self.model, rows, self.device, self.attention_kernel)
         return forward_each_row(self.forward, rows)
 
 

@@ -6,6 +6,9 @@ into one sequence [1, T] with no padding, so every token-wise layer (projections
 once over the T tokens; attention, registered with transformers under `PACKED_ATTENTION`, lets each row see
 its own keys/values only.
 
+On CPU in float32, the short rows (decode steps, verify blocks) attend in one call per layer to a compiled kernel
+(specdec/ragged_attention.py); elsewhere SDPA attends them as follows.
+
 The rows' keys/values live in one KVPool per model (specdec/kv_pool.py), a slot per sequence. Rows of a few
 tokens each (decode steps, verify blocks) may share an attention call on a grid: their queries laid out
 [slots, n, H, D] over the range of slots they occupy, against that range of the pool up to the grid's longest
@@ -27,9 +30,10 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from specdec.kv_pool import KVPool, SequenceKV
+from specdec.ragged_attention import AttendRows
 
 PACKED_ATTENTION = "specdec_packed"
-GRID_MAX_TOKENS = 16  # rows of at most this many new tokens may attend on grids
+GRID_MAX_TOKENS = 16  # rows of at most this many new tokens are short: they may attend on grids or in the kernel
 # One more attention call costs about what attending this many more slot-positions costs. On CPU, 1 thread, 4
 # heads of 64, cold caches: ~15 µs a call against ~0.35 µs a slot-position for 5 queries (11 and 0.15 for one).
 GRID_CALL_POSITIONS = 48
@@ -127,7 +131,8 @@ def _causal_mask(row: PackedRow, device: torch.device, dtype: torch.dtype) -> to
 class PackedStep:
     """The rows of one packed forward, in packing order (passed to the attention function as a kwarg)."""
 
-    def __init__(self, rows: Sequence[PackedRow], device: torch.device, dtype: torch.dtype):
+    def __init__(self, rows: Sequence[PackedRow], device: torch.device, dtype: torch.dtype,
+                 kernel: AttendRows | None = None):
         self.rows = list(rows)
         self.pool: KVPool = self.rows[0].kv.pool
         self.offsets = [0]  # row i's tokens are packed at offsets[i]..offsets[i+1]-1
@@ -137,11 +142,17 @@ class PackedStep:
         self.positions = torch.tensor([p for r in self.rows for p in range(r.start, r.start + r.count)],
                                       device=device)  # [T]
         self.slots = torch.tensor([r.kv.slot for r in self.rows for _ in range(r.count)], device=device)  # [T]
-        self.grids = AttentionGrid.plan_all(self.rows, self.offsets, self.total_tokens, device, dtype)
-        on_grid = {i for grid in self.grids for i in grid.rows}
+        short = [i for i, row in enumerate(self.rows) if row.count <= GRID_MAX_TOKENS]
+        self.kernel = kernel if short else None
+        # With the kernel: its short rows as (slot, start, count, offset) [R, 4]; no grids.
+        self.kernel_rows = None if self.kernel is None else torch.tensor(
+            [[self.rows[i].kv.slot, self.rows[i].start, self.rows[i].count, self.offsets[i]] for i in short])
+        self.grids = [] if self.kernel is not None else AttentionGrid.plan_all(
+            self.rows, self.offsets, self.total_tokens, device, dtype)
+        in_calls = {i for grid in self.grids for i in grid.rows} | (set(short) if self.kernel is not None else set())
         # (row index, its causal mask [n, start+n] or None for one token): the rows attending one per call
         self.single_rows = [(i, _causal_mask(row, device, dtype)) for i, row in enumerate(self.rows)
-                            if i not in on_grid]
+                            if i not in in_calls]
 
     @property
     def total_tokens(self) -> int:
@@ -167,7 +178,10 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
                                                  key[0].transpose(0, 1), value[0].transpose(0, 1))  # [S, H_kv, C, D]
     grouped = query.shape[1] != key.shape[1]
     queries = query[0].transpose(0, 1)  # [T, H, D]
-    attended = torch.empty_like(queries)  # [T, H, D]
+    attended = queries.new_empty(queries.shape)  # [T, H, D]
+    if step.kernel is not None:
+        step.kernel(query[0], pooled_keys, pooled_values, step.kernel_rows,
+                    scaling if scaling is not None else query.shape[-1] ** -0.5, attended)
     for grid in step.grids:
         on_grid = queries if grid.tokens is None else queries[grid.tokens]  # [Tg, H, D]
         grid_queries = queries.new_zeros((grid.hi - grid.lo, grid.mask.shape[2]) + queries.shape[1:])  # [S, n, H, D]
@@ -203,15 +217,16 @@ def supports_packed_forward(config: PretrainedConfig) -> bool:
 
 @torch.inference_mode()
 def packed_forward(model: torch.nn.Module, rows: Sequence[tuple[Sequence[int], SequenceKV, int]],
-                   device: torch.device) -> list[torch.Tensor]:
+                   device: torch.device, kernel: AttendRows | None = None) -> list[torch.Tensor]:
     """Runs every row's new tokens in one forward pass and extends each row's cache.
 
     rows: (new token ids, the row's SequenceKV, how many of its last positions need logits), all in one pool.
+    kernel: the compiled attention of short rows (specdec/ragged_attention.py), or None for SDPA.
     Returns per row float32 logits [keep, V] for the last `keep` new tokens (no LM head work for the others).
     """
     pool = rows[0][1].pool
     with pool.lock:
-        step = PackedStep([PackedRow(kv, kv.length, len(ids)) for ids, kv, _ in rows], device, model.dtype)
+        step = PackedStep([PackedRow(kv, kv.length, len(ids)) for ids, kv, _ in rows], device, model.dtype, kernel)
         input_ids = torch.tensor([[t for ids, _, _ in rows for t in ids]], dtype=torch.long, device=device)  # [1, T]
         keep_at = [end - keep for (_, _, keep), end in zip(rows, step.offsets[1:])]
         keep_index = torch.cat([torch.arange(at, end) for at, end in zip(keep_at, step.offsets[1:])])  # [K]

@@ -6,9 +6,16 @@ import pytest
 import torch
 
 from specdec.model_runtime import LoadedModel, ModelSettings
+from specdec.ragged_attention import load_kernel
 from tiny_models import make_pair
 
 torch.set_num_threads(1)
+
+
+def pytest_sessionstart(session):
+    """Builds the compiled attention kernel once (or finds it cached) before any test starts servers, whose
+    processes then load it instead of each waiting for one build within its start-up time."""
+    load_kernel()
 
 
 @pytest.fixture(scope="session")

@@ -31,7 +31,8 @@ async def serve(settings: VerifySettings) -> None:
         ranks = TensorParallelLeader.start(settings, make_launcher(settings))
         model = ranks.model
     else:
-        model = LoadedModel.load(ModelSettings(settings.model, settings.device, settings.dtype, settings.threads))
+        model = LoadedModel.load(ModelSettings(settings.model, settings.device, settings.dtype, settings.threads,
+                                               settings.attention_kernel))
     servicer = VerifierServicer(VerifyService(settings, model, ranks, observe_verify_pass),
                                 settings.tensor_parallel_size, observe_batch)
     start_telemetry("verify", settings, servicer.service.sessions)

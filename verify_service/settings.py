@@ -23,6 +23,8 @@ class VerifySettings(ServerTlsSettings, StepBatchingSettings, CpuAffinitySetting
     device: str = setting("cpu", "device for the target model: cpu or cuda:N (rank r uses cuda:r under TP)")
     dtype: str = setting("float32", "weight dtype: float32, bfloat16 or float16")
     threads: int = setting(1, "CPU threads per rank (0 = torch default)")
+    attention_kernel: bool = setting(True, "CPU, float32: a pass's short rows attend in the compiled kernel "
+                                           "(specdec/ragged_attention.py; built on first start) instead of SDPA")
     max_sessions: int = setting(256, "most sessions held at once; more are refused with RESOURCE_EXHAUSTED")
     max_speculative_tokens: int = setting(16, "largest number of draft tokens one Verify may carry")
     grace_s: float = setting(10.0, "seconds in-flight calls get to finish after SIGTERM")

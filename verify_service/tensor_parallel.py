@@ -322,7 +322,8 @@ class TensorParallelLeader:
     def start(cls, settings: VerifySettings, launcher: RankLauncher) -> TensorParallelLeader:
         """Starts ranks 1..N-1, joins them as rank 0, loads the shard; returns once every rank is ready."""
         world_size = settings.tensor_parallel_size
-        model_settings = ModelSettings(settings.model, settings.device, settings.dtype, settings.threads)
+        model_settings = ModelSettings(settings.model, settings.device, settings.dtype, settings.threads,
+                                       settings.attention_kernel)
         if not settings.device.startswith("cuda") and torch.cuda.is_available():
             raise ValueError("tensor parallelism places shards on the accelerator transformers finds: use --device "
                              "cuda, or hide the GPUs (CUDA_VISIBLE_DEVICES=) to run on CPU")

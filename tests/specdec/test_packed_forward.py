@@ -22,9 +22,16 @@ def reference_logits(target, tokens: list[int]) -> torch.Tensor:
     return target.model(input_ids=torch.tensor([tokens])).logits[0].float()
 
 
-def test_rows_of_different_lengths_match_one_sequence_at_a_time(tiny_pair):
-    target, _ = tiny_pair
-    assert target.packed
+@pytest.fixture(params=[True, False], ids=["kernel", "sdpa"])
+def packed_target(request, tiny_pair_dirs):
+    """The tiny target with its short rows attending in the compiled kernel, or through SDPA."""
+    target = LoadedModel.load(ModelSettings(str(tiny_pair_dirs[0]), attention_kernel=request.param))
+    assert target.packed and (target.attention_kernel is not None) == request.param
+    return target
+
+
+def test_rows_of_different_lengths_match_one_sequence_at_a_time(packed_target):
+    target = packed_target
     rng = random.Random(3)
     sessions = [KVSession(target, [rng.randrange(1, 64) for _ in range(length)]) for length in (1, 2, 7, 30, 55)]
     # Pass 1 mixes prefills of every length; pass 2 scores blocks of different sizes after them.
@@ -37,8 +44,8 @@ def test_rows_of_different_lengths_match_one_sequence_at_a_time(tiny_pair):
         torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
 
 
-def test_rollback_then_packed_extend_matches_a_fresh_sequence(tiny_pair):
-    target, _ = tiny_pair
+def test_rollback_then_packed_extend_matches_a_fresh_sequence(packed_target):
+    target = packed_target
     rng = random.Random(5)
     sessions = [KVSession(target, [rng.randrange(1, 64) for _ in range(length)]) for length in (4, 12, 20)]
     for _ in range(20):  # random verify-like rounds: extend, keep a random prefix, repeat, all rows together
@@ -54,7 +61,8 @@ def test_rows_share_a_grid_only_where_it_reads_less_than_a_call_and_match_one_se
     """A step on some of many sessions, packed out of slot order: rows of like lengths in nearby slots share a
     grid, far ones and ones much longer than their neighbour attend apart, a prefill attends alone; every row
     still gets exactly its own logits."""
-    target = LoadedModel.load(ModelSettings(str(tiny_pair_dirs[0])))  # its own pool: sessions take slots 0, 1, ...
+    # its own pool (sessions take slots 0, 1, ...), short rows through SDPA on grids
+    target = LoadedModel.load(ModelSettings(str(tiny_pair_dirs[0]), attention_kernel=False))
     rng = random.Random(11)
     lengths = [20] * 13 + [20 + 2 * GRID_CALL_POSITIONS]  # slot 13 holds far more than slot 12
     sessions = [KVSession(target, [rng.randrange(1, 64) for _ in range(length)]) for length in lengths]
