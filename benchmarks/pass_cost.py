@@ -186,6 +186,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--gamma", type=int, default=4, help="drafted tokens per row (γ + 1 fed) [4]")
     parser.add_argument("--repeats", type=int, default=15, help="timed rounds over every point [15]")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the verify service's --threads) [1]")
+    parser.add_argument("--attention-kernel", action=argparse.BooleanOptionalAction, default=True,
+                        help="short rows attend in the compiled CPU kernel, as the services do by default "
+                             "(--no-attention-kernel: SDPA) [on]")
     workload = parser.add_argument_group("on/off ceiling of a workload (with --prompt-tokens)")
     workload.add_argument("--prompt-tokens", type=int, default=0,
                           help="prompt length whose prefill is timed; 0 = no prefill, no ceiling [0]")
@@ -204,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.prompt_tokens < 0 or args.new_tokens < 1 or args.tokens_per_round <= 0:
         parser.error("--prompt-tokens must be >= 0, --new-tokens >= 1, --tokens-per-round > 0")
     print(f"loading {args.target} ...", flush=True)
-    model = LoadedModel.load(ModelSettings(args.target, threads=args.threads))
+    model = LoadedModel.load(ModelSettings(args.target, threads=args.threads, attention_kernel=args.attention_kernel))
     timings = time_passes(model, args.contexts, args.rows, args.gamma, args.repeats,
                           log=lambda line: print(line, flush=True), spread=args.context_spread,
                           prompt_tokens=args.prompt_tokens)
@@ -212,7 +215,7 @@ def main(argv: list[str] | None = None) -> dict:
                          args.tokens_per_round) if args.prompt_tokens else None)
     points = summarize(timings.passes, args.gamma, workload)
     report = {"target": args.target, "gamma": args.gamma, "context_spread": args.context_spread,
-              "threads": args.threads, "repeats": args.repeats,
+              "threads": args.threads, "repeats": args.repeats, "attention_kernel": model.attention_kernel is not None,
               "device": str(model.device), "torch_version": torch.__version__, "points": points}
     if workload is not None:
         report["workload"] = {"prompt_tokens": workload.prompt_tokens, "prefill_ms": round(workload.prefill_ms, 2),
