@@ -149,10 +149,10 @@ class PackedStep:
             [[self.rows[i].kv.slot, self.rows[i].start, self.rows[i].count, self.offsets[i]] for i in short])
         self.grids = [] if self.kernel is not None else AttentionGrid.plan_all(
             self.rows, self.offsets, self.total_tokens, device, dtype)
-        in_calls = {i for grid in self.grids for i in grid.rows} | (set(short) if self.kernel is not None else set())
+        shared = set(short) if self.kernel is not None else {i for grid in self.grids for i in grid.rows}
         # (row index, its causal mask [n, start+n] or None for one token): the rows attending one per call
         self.single_rows = [(i, _causal_mask(row, device, dtype)) for i, row in enumerate(self.rows)
-                            if i not in in_calls]
+                            if i not in shared]
 
     @property
     def total_tokens(self) -> int:

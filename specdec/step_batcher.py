@@ -192,17 +192,23 @@ class StepBatcher:
                 if first is None:
                     return
                 calls.append(first)
-            while not self._queue.empty():
-                call = self._queue.get_nowait()
-                if call is None:
-                    self._queue.put(None)  # stop after this round
-                    break
-                calls.append(call)
+            calls.extend(self._drain_queue())
             calls.extend(chosen)
             self._wait_for_expected_sessions(calls)
             self._served = set()
             self._run_round(calls)
             self._expected = self._served
+
+    def _drain_queue(self) -> list[_Call]:
+        """The calls queued now, without waiting; a stop request stays queued, to end the worker after them."""
+        drained = []
+        while not self._queue.empty():
+            call = self._queue.get_nowait()
+            if call is None:
+                self._queue.put(None)
+                break
+            drained.append(call)
+        return drained
 
     def _wait_for_expected_sessions(self, calls: list[_Call]) -> None:
         """Adds calls arriving within max_wait_s while sessions of the last step that are expected back are
@@ -334,11 +340,7 @@ class StepBatcher:
         for the next drain in its place, and a session's later calls stay behind it."""
         joined: list[_Call] = []
         held_back = {call.session for call in self._carried}
-        while not self._queue.empty():
-            call = self._queue.get_nowait()
-            if call is None:  # stop once the calls before it have run
-                self._queue.put(None)
-                break
+        for call in self._drain_queue():
             if call.future.cancelled():
                 continue
             if (len(joined) < room and call.kind == kind and call.choose is None and call.session not in in_step
