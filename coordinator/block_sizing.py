@@ -1,0 +1,112 @@
+"""How many tokens one request's next block drafts, and how many guesses its pre-draft makes.
+
+With adaptive γ (an AcceptanceRate given), each block's size is chosen within [0, plan.gamma] from the
+request's live acceptance rate and the replicas' measured pass costs at their current batch sizes, and a
+pre-draft makes only as many guesses as those costs say fit inside the verification
+(coordinator/speculation_policy.py); every reply refreshes those measurements. Without it every block drafts
+plan.gamma tokens. No block drafts past the request's token budget.
+"""
+
+from __future__ import annotations
+
+import time
+
+from coordinator.generation_state import GenerationState
+from coordinator.replica_sessions import ReplicaSessions
+from coordinator.speculation_gate import CONTESTED_GAIN, CONTESTED_ROWS, SpeculationGate
+from coordinator.speculation_policy import (
+    AcceptanceRate,
+    RoundTimes,
+    affordable_guesses,
+    choose_gamma,
+    fresh_draft_pays,
+    log2_level,
+    round_ns,
+    speculation_gain,
+)
+
+PRIOR_PREDRAFTS = 4  # weight of the 1/2 prior in a request's pre-draft hit rate
+
+
+class BlockSizer:
+    """Sizes one request's blocks by the speculation policy, and feeds its rounds back to the policy's measures."""
+
+    def __init__(self, state: GenerationState, sessions: ReplicaSessions, acceptance: AcceptanceRate | None = None,
+                 round_times: RoundTimes | None = None, gate: SpeculationGate | None = None):
+        self.state = state
+        self.sessions = sessions
+        self.acceptance = acceptance  # the coordinator-wide α; None: every block drafts plan.gamma tokens
+        self.round_times = round_times  # with acceptance: coordinator-wide realized vs predicted round times
+        self.gate = gate  # coordinator-wide measured throughput each way; None: the γ policy alone decides
+        self._judged = 0  # drafted tokens the verifier accepted or rejected (those after a rejection are neither)
+
+    def adaptive(self) -> bool:
+        """Whether blocks are sized by the policy: adaptive γ, a drafter, and both replicas' costs known."""
+        draft = self.sessions.draft
+        return (self.acceptance is not None and draft is not None and draft.load is not None
+                and self.sessions.verify.load is not None)
+
+    def _alpha(self) -> float:
+        """The request's acceptance rate as the policy counts it (adaptive γ only)."""
+        return self.acceptance.for_request(self._judged, self.state.stats.accepted)
+
+    def _hit_rate(self) -> float | None:
+        """The request's pre-draft hit rate, shrunk toward 1/2 while it has few pre-drafts (None if not
+        overlapped)."""
+        if not self.state.plan.overlap:
+            return None
+        stats = self.state.stats
+        return (stats.predraft_hits + PRIOR_PREDRAFTS / 2) / (stats.predraft_attempts + PRIOR_PREDRAFTS)
+
+    def gamma(self) -> int:
+        """The next block's γ: plan.gamma, or with adaptive γ the policy's choice within [0, plan.gamma]."""
+        if not self.adaptive():
+            return self.state.plan.gamma
+        verify, draft = self.sessions.verify, self.sessions.draft
+        policy = (self._alpha(), self.state.plan.gamma, verify.load, draft.load, self._hit_rate(), self.round_times)
+        gamma = choose_gamma(*policy)
+
+        def contested() -> bool:  # asked by the gate only when it needs the answer
+            return verify.load.rows >= CONTESTED_ROWS and speculation_gain(*policy) < CONTESTED_GAIN
+
+        if gamma and self.gate is not None and not self.gate.allows_speculation(contested):
+            return 0  # the gate measured plain rounds faster at this load (or is measuring them)
+        return gamma
+
+    def block_size(self, tokens_before: int, gamma: int) -> int:
+        """The size of a γ block that starts after tokens_before more commits: never draft past the budget."""
+        return max(0, min(gamma, self.state.remaining - tokens_before - 1))
+
+    def guesses_that_fit(self, guesses: int, gamma: int, verified_tokens: int) -> int:
+        """How many of `guesses` pre-drafts of a γ block fit inside the verification of a block of verified_tokens
+        (all of them without adaptive γ, or while a replica's costs are unknown)."""
+        verify_load, draft_load = self.sessions.verify.load, self.sessions.draft.load
+        if self.acceptance is None or verify_load is None or draft_load is None:
+            return guesses
+        return affordable_guesses(guesses, gamma + 1, verify_load.rows * verified_tokens, verify_load, draft_load)
+
+    def fresh_draft_pays(self, gamma: int) -> bool:
+        """Whether a verdict that no pre-draft guessed should be followed by a block drafted afresh (else by a
+        plain step at once); without adaptive γ it always is."""
+        if not self.adaptive():
+            return True
+        return fresh_draft_pays(self._alpha(), gamma, self.sessions.verify.load, self.sessions.draft.load,
+                                self.round_times)
+
+    def time_round(self, drafted: int, started_ns: int) -> None:
+        """Compares the round that just got its verdict (from when its block was awaited) with the model's
+        prediction for a block of that size, for the policy's measured slowdowns."""
+        if self.round_times is not None and self.adaptive():
+            verify_load = self.sessions.verify.load
+            predicted = round_ns(drafted, verify_load, self.sessions.draft.load, self._hit_rate())
+            rows, speculative = verify_load.rows, drafted > 0
+            self.round_times.observe(speculative, rows, time.perf_counter_ns() - started_ns, predicted)
+            kind, load = "speculative" if speculative else "plain", str(log2_level(rows))
+            self.state.metrics.round_slowdown.labels(kind, load).set(self.round_times.slowdown(speculative, rows))
+
+    def observe_verdict(self, drafted: int, accepted: int) -> None:
+        """Counts a round's verdict in the request's and the coordinator-wide acceptance rate (adaptive γ only)."""
+        if self.acceptance is not None:
+            judged = accepted + (accepted < drafted)  # the draft tokens the verifier ruled on this round
+            self._judged += judged
+            self.acceptance.observe(judged, accepted)

@@ -1,0 +1,39 @@
+"""What the parts of one request's generation share: its plan, what it committed, its draft lanes, its figures."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from coordinator.predraft import DraftLane, VerdictHistory
+from coordinator.request_telemetry import RequestTelemetry
+
+if TYPE_CHECKING:
+    from coordinator.generation import GenerationPlan, RequestStats
+
+
+class GenerationState:
+    """One request's progress, shared by its round loop, its replica calls, its block sizing and its pre-drafts.
+
+    - committed: the prompt and every token committed since; lanes: what each draft lane holds
+    - stats, metrics and spans (telemetry): where every round's figures go
+    """
+
+    def __init__(self, plan: GenerationPlan, stats: RequestStats, telemetry: RequestTelemetry):
+        self.plan = plan
+        self.stats = stats
+        self.telemetry = telemetry
+        self.metrics = telemetry.metrics
+        self.committed: list[int] = list(plan.prompt_ids)
+        self.lanes = [DraftLane(index, list(plan.prompt_ids), len(plan.prompt_ids))
+                      for index in range(plan.draft_lanes)]
+        self.verdicts = VerdictHistory()  # which guesses this request's verdicts matched, to rank the next ones
+        self.started_ns = time.perf_counter_ns()
+
+    def elapsed_ns(self) -> int:
+        """Time since the request started."""
+        return time.perf_counter_ns() - self.started_ns
+
+    @property
+    def remaining(self) -> int:
+        return self.plan.max_new_tokens - (len(self.committed) - len(self.plan.prompt_ids))
