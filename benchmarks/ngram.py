@@ -1,4 +1,4 @@
-"""Model-free n-gram drafting vs the draft model vs target-only, over gRPC (issue 12).
+"""Model-free n-gram drafting vs the draft model vs target-only, over gRPC.
 
     python -m benchmarks.ngram            # embedded pair, 12 prompts per set x 96 tokens
     python -m benchmarks.ngram --quick    # 2 prompts per set x 24 tokens, report to a temp folder

@@ -1,4 +1,4 @@
-"""Pipelined vs sequential rounds over gRPC (issue 6): tokens/s ratio, pre-draft hit rate, a round timeline.
+"""Pipelined vs sequential rounds over gRPC: tokens/s ratio, pre-draft hit rate, a round timeline.
 
     python -m benchmarks.overlap            # embedded pair, 8 held-out code prompts x 64 tokens, 5 runs
     python -m benchmarks.overlap --quick    # 2 prompts x 16 tokens, 3 runs, report to a temp folder

@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target-dir", type=pathlib.Path, default=DEMO_TARGET_DIR)
     parser.add_argument("--draft-dir", type=pathlib.Path, default=DEMO_DRAFT_DIR)
-    parser.add_argument("--prompts", type=int, default=50, help="held-out code prompts (issue 4 asks for >= 50)")
+    parser.add_argument("--prompts", type=int, default=50, help="held-out code prompts (>= 50 for the model cards)")
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for both models")

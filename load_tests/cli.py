@@ -7,8 +7,9 @@
                                                                        # vs the same stack, batching off
 
 Writes `report.json` (every level, comparison and request), `levels.csv` (a row per level), PNG plots and
-`summary.txt` under --out, prints a progress line per level and the summary at the end. Only loopback
-addresses are accepted unless --allow-remote is given.
+`summary.txt` under --out (default load_tests/results/latest/, which git ignores; reports kept for the record
+move to load_tests/results/<question>/<date>_<change>/, see load_tests/results/README.md), prints a progress
+line per level and the summary at the end. Only loopback addresses are accepted unless --allow-remote is given.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from load_tests.sweep import MODES, Sweep, SweepConfig
 from specdec.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
 from specdec.local_stack import REPO_ROOT, LocalStack
 
-DEFAULT_OUT = REPO_ROOT / "load_tests" / "results"
+DEFAULT_OUT = REPO_ROOT / "load_tests" / "results" / "latest"
 
 
 def _csv(kind):
@@ -93,7 +94,9 @@ def parser() -> argparse.ArgumentParser:
     load.add_argument("--warmup", type=int, default=2, help="unmeasured requests per mode before the sweep")
     load.add_argument("--repeats", type=int, default=1,
                       help="runs of each (load, prompt set) pair, modes alternating; ratios are their medians [1]")
-    p.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT, help="output directory [load_tests/results]")
+    p.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT,
+                   help="output directory; an earlier run's files there are overwritten "
+                        "[load_tests/results/latest, which git ignores]")
     return p
 
 

@@ -21,7 +21,7 @@ def test_quick_run_writes_every_figure_and_greedy_outputs_agree(tiny_pair_dirs, 
     assert json.loads((tmp_path / "speedup.json").read_text()) == report
     assert (tmp_path / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    # The figures the issue asks for, under the names it gives.
+    # The headline figures, under the names benchmarks/README.md gives them.
     for key in ("grpc_overlap_vs_target_only", "grpc_overlap_vs_hf_assisted"):
         assert report["ratios"][key] > 0
     assert report["efficiency"]["grpc_sequential"] > 0
