@@ -42,12 +42,18 @@ def _sampling(temperature: float, seed: int) -> SamplingParams:
     return SamplingParams(temperature=temperature, top_k=0, top_p=1.0, seed=seed)
 
 
-def _hf_kwargs(model: LoadedModel, prompt_ids: Sequence[int], temperature: float, seed: int,
-               max_new_tokens: int) -> dict:
+def _hf_kwargs(
+    model: LoadedModel, prompt_ids: Sequence[int], temperature: float, seed: int, max_new_tokens: int
+) -> dict:
     """generate() arguments matching SamplingParams(temperature, top_k=0, top_p=1): plain softmax sampling."""
     input_ids = torch.tensor([list(prompt_ids)])  # [1, T]
-    kwargs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "max_new_tokens": max_new_tokens,
-              "use_cache": True, "pad_token_id": model.tokenizer.pad_token_id or min(model.eos_token_ids, default=0)}
+    kwargs = {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "max_new_tokens": max_new_tokens,
+        "use_cache": True,
+        "pad_token_id": model.tokenizer.pad_token_id or min(model.eos_token_ids, default=0),
+    }
     if temperature > 0:
         torch.manual_seed(seed)  # HF samples from torch's global RNG
         kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
@@ -58,22 +64,26 @@ def _hf_kwargs(model: LoadedModel, prompt_ids: Sequence[int], temperature: float
 
 def hf_target_only(target: LoadedModel) -> Contender:
     """HF `generate` with the target alone (greedy or multinomial sampling, KV cache on)."""
+
     def run(prompt_ids, temperature, seed, max_new_tokens):
         kwargs = _hf_kwargs(target, prompt_ids, temperature, seed, max_new_tokens)
         started = time.perf_counter()
         with torch.inference_mode():
             output = target.model.generate(**kwargs)  # [1, T + new]
         seconds = time.perf_counter() - started
-        return RunOutput(output[0, len(prompt_ids):].tolist(), seconds)
+        return RunOutput(output[0, len(prompt_ids) :].tolist(), seconds)
+
     return run
 
 
 def own_target_only(target: LoadedModel) -> Contender:
     """The project's plain decoding path (`target_only_generate`)."""
+
     def run(prompt_ids, temperature, seed, max_new_tokens):
         started = time.perf_counter()
         result = target_only_generate(target, prompt_ids, _sampling(temperature, seed), max_new_tokens)
         return RunOutput(result.token_ids, time.perf_counter() - started, rounds=result.stats.rounds)
+
     return run
 
 
@@ -111,6 +121,7 @@ def _counting_hf_acceptance() -> Iterator[_Acceptance]:
 
 def hf_assisted(target: LoadedModel, draft: LoadedModel, gamma: int) -> Contender:
     """HF assisted generation, `generate(assistant_model=draft)`, drafting a constant γ tokens per round."""
+
     def run(prompt_ids, temperature, seed, max_new_tokens):
         config = draft.model.generation_config  # read by transformers when it builds the candidate generator
         config.num_assistant_tokens = gamma
@@ -122,25 +133,44 @@ def hf_assisted(target: LoadedModel, draft: LoadedModel, gamma: int) -> Contende
             with torch.inference_mode():
                 output = target.model.generate(**kwargs, assistant_model=draft.model)  # [1, T + new]
             seconds = time.perf_counter() - started
-        return RunOutput(output[0, len(prompt_ids):].tolist(), seconds, counts.drafted, counts.accepted, counts.rounds)
+        return RunOutput(output[0, len(prompt_ids) :].tolist(), seconds, counts.drafted, counts.accepted, counts.rounds)
+
     return run
 
 
 def reference_loop(target: LoadedModel, draft: LoadedModel, gamma: int) -> Contender:
     """The project's in-process speculative loop (`speculative_generate`)."""
+
     def run(prompt_ids, temperature, seed, max_new_tokens):
         started = time.perf_counter()
         result = speculative_generate(target, draft, prompt_ids, gamma, _sampling(temperature, seed), max_new_tokens)
         stats = result.stats
         return RunOutput(result.token_ids, time.perf_counter() - started, stats.drafted, stats.accepted, stats.rounds)
+
     return run
 
 
 def grpc_stack(client: Client, gamma: int) -> Contender:
     """A request to a running coordinator (sequential or overlapped rounds, as that coordinator was started)."""
+
     def run(prompt_ids, temperature, seed, max_new_tokens):
-        request = timed_generate(client, list(prompt_ids), max_new_tokens=max_new_tokens, temperature=temperature,
-                                 top_k=0, seed=seed, num_speculative_tokens=gamma)
-        return RunOutput(request.token_ids, request.seconds, request.drafted, request.accepted, request.rounds,
-                         request.predraft_attempts, request.predraft_hits)
+        request = timed_generate(
+            client,
+            list(prompt_ids),
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=0,
+            seed=seed,
+            num_speculative_tokens=gamma,
+        )
+        return RunOutput(
+            request.token_ids,
+            request.seconds,
+            request.drafted,
+            request.accepted,
+            request.rounds,
+            request.predraft_attempts,
+            request.predraft_hits,
+        )
+
     return run

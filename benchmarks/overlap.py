@@ -27,8 +27,7 @@ import pathlib
 import statistics
 import uuid
 
-from benchmarks.stack_runs import (RequestRun, environment, prompt_texts, results_dir, timed_generate, totals,
-                                   write_json)
+from benchmarks.stack_runs import RequestRun, environment, prompt_texts, results_dir, timed_generate, totals, write_json
 from coordinator.__main__ import eos_token_ids
 from coordinator.generation import Generation
 from coordinator.replicas import ReplicaPool
@@ -47,12 +46,15 @@ MODES = ("sequential", *POLICIES)
 
 
 def run_mode(client: Client, prompts: list[str], max_new_tokens: int, gamma: int) -> list[RequestRun]:
-    return [timed_generate(client, prompt, max_new_tokens=max_new_tokens, temperature=0.0,
-                           num_speculative_tokens=gamma) for prompt in prompts]
+    return [
+        timed_generate(client, prompt, max_new_tokens=max_new_tokens, temperature=0.0, num_speculative_tokens=gamma)
+        for prompt in prompts
+    ]
 
 
-def run_interleaved(clients: dict[str, Client], prompts: list[str], max_new_tokens: int, gamma: int,
-                    rotation: int) -> dict[str, list[RequestRun]]:
+def run_interleaved(
+    clients: dict[str, Client], prompts: list[str], max_new_tokens: int, gamma: int, rotation: int
+) -> dict[str, list[RequestRun]]:
     """Every prompt through every mode back to back (the mode order rotates per prompt), so a slow spell of the
     machine falls on all modes alike."""
     runs: dict[str, list[RequestRun]] = {mode: [] for mode in clients}
@@ -64,32 +66,49 @@ def run_interleaved(clients: dict[str, Client], prompts: list[str], max_new_toke
     return runs
 
 
-async def _timeline(draft_address: str, verify_address: str, tokenizer_dir: str, prompt: str, overlap: bool,
-                    gamma: int, max_new_tokens: int) -> dict:
+async def _timeline(
+    draft_address: str,
+    verify_address: str,
+    tokenizer_dir: str,
+    prompt: str,
+    overlap: bool,
+    gamma: int,
+    max_new_tokens: int,
+) -> dict:
     """One request through the coordinator's Generation, in this process; its calls' (stage, start, end)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    settings = CoordinatorSettings(tokenizer=tokenizer_dir, overlap=overlap, draft_replicas=(draft_address,),
-                                   verify_replicas=(verify_address,))
+    settings = CoordinatorSettings(
+        tokenizer=tokenizer_dir, overlap=overlap, draft_replicas=(draft_address,), verify_replicas=(verify_address,)
+    )
     draft_pool = ReplicaPool("draft", settings.draft_replicas, drafter_pb2_grpc.DrafterStub)
     verify_pool = ReplicaPool("verify", settings.verify_replicas, verifier_pb2_grpc.VerifierStub)
     try:
         await asyncio.gather(draft_pool.wait_ready(60), verify_pool.wait_ready(60))
         vocab_size = verify_pool.replicas[0].info.vocab_size
-        for attempt in range(2):  # the first request warms both services; plot the second
-            request = build_request(prompt, max_new_tokens=max_new_tokens, num_speculative_tokens=gamma,
-                                    request_id=f"timeline-{uuid.uuid4().hex[:8]}")
+        for _ in range(2):  # the first request warms both services; plot the second
+            request = build_request(
+                prompt,
+                max_new_tokens=max_new_tokens,
+                num_speculative_tokens=gamma,
+                request_id=f"timeline-{uuid.uuid4().hex[:8]}",
+            )
             plan = plan_request(request, settings, tokenizer, vocab_size)
             text = TextStream(tokenizer, eos_token_ids(tokenizer_dir, tokenizer), [], plan.max_new_tokens)
             generation = Generation(plan, draft_pool.acquire(), verify_pool.acquire(), text, settings.call_timeout_s)
             async for _ in generation.chunks():
                 pass
         stats = generation.stats
-        return {"overlap": overlap, "tokens": len(text.token_ids), "total_ms": stats.total_ns / 1e6,
-                "rounds": stats.rounds, "predraft_attempts": stats.predraft_attempts,
-                "predraft_hits": stats.predraft_hits,
-                "events": [(stage, start / 1e6, end / 1e6) for stage, start, end in stats.round_timeline]}
+        return {
+            "overlap": overlap,
+            "tokens": len(text.token_ids),
+            "total_ms": stats.total_ns / 1e6,
+            "rounds": stats.rounds,
+            "predraft_attempts": stats.predraft_attempts,
+            "predraft_hits": stats.predraft_hits,
+            "events": [(stage, start / 1e6, end / 1e6) for stage, start, end in stats.round_timeline],
+        }
     finally:
         await asyncio.gather(draft_pool.close(), verify_pool.close())
 
@@ -103,8 +122,7 @@ def plot_timeline(timelines: dict[str, dict], path: pathlib.Path) -> None:
     from matplotlib.patches import Patch
 
     colors = {"verify": "#d62728", "draft": "#1f77b4", "predraft": "#7fb8e6"}
-    figure, axes = plt.subplots(len(timelines), 1, figsize=(12, 1.9 * len(timelines) + 0.8), sharex=True,
-                                squeeze=False)
+    figure, axes = plt.subplots(len(timelines), 1, figsize=(12, 1.9 * len(timelines) + 0.8), sharex=True, squeeze=False)
     for axis, (mode, timeline) in zip(axes[:, 0], timelines.items()):
         verifies = [(s, e) for stage, s, e in timeline["events"] if stage == "verify"]
         lanes = {"draft": [], "predraft": [], "verify": verifies}
@@ -113,19 +131,35 @@ def plot_timeline(timelines: dict[str, dict], path: pathlib.Path) -> None:
                 overlapped = any(vs <= start < ve for vs, ve in verifies)
                 lanes["predraft" if overlapped else "draft"].append((start, end))
         for kind, row in (("draft", 1), ("predraft", 1), ("verify", 0)):
-            axis.broken_barh([(s, e - s) for s, e in lanes[kind]], (row - 0.35, 0.7), facecolors=colors[kind],
-                             edgecolors="black", linewidth=0.4)
+            axis.broken_barh(
+                [(s, e - s) for s, e in lanes[kind]],
+                (row - 0.35, 0.7),
+                facecolors=colors[kind],
+                edgecolors="black",
+                linewidth=0.4,
+            )
         axis.set_yticks([0, 1], ["verify service", "draft service"])
         axis.set_ylim(-0.6, 1.6)
         axis.grid(axis="x", alpha=0.3)
-        axis.set_title(f"{mode}: {timeline['tokens']} tokens in {timeline['total_ms']:.0f} ms "
-                       f"({timeline['rounds']} rounds, pre-draft hits {timeline['predraft_hits']}/"
-                       f"{timeline['predraft_attempts']})", fontsize=10, loc="left")
+        axis.set_title(
+            f"{mode}: {timeline['tokens']} tokens in {timeline['total_ms']:.0f} ms "
+            f"({timeline['rounds']} rounds, pre-draft hits {timeline['predraft_hits']}/"
+            f"{timeline['predraft_attempts']})",
+            fontsize=10,
+            loc="left",
+        )
     axes[-1, 0].set_xlabel("time since the request started (ms), as the coordinator saw each call")
-    figure.legend(handles=[Patch(color=colors["draft"], label="Propose (block k)"),
-                           Patch(color=colors["predraft"], label="Propose during Verify (pre-draft of block k+1)"),
-                           Patch(color=colors["verify"], label="Verify (block k)")],
-                  loc="upper right", ncol=3, fontsize=8, frameon=False)
+    figure.legend(
+        handles=[
+            Patch(color=colors["draft"], label="Propose (block k)"),
+            Patch(color=colors["predraft"], label="Propose during Verify (pre-draft of block k+1)"),
+            Patch(color=colors["verify"], label="Verify (block k)"),
+        ],
+        loc="upper right",
+        ncol=3,
+        fontsize=8,
+        frameon=False,
+    )
     figure.suptitle("One request's rounds, greedy, batch 1", x=0.01, ha="left", fontsize=11)
     figure.tight_layout(rect=(0, 0, 1, 0.93))
     figure.savefig(path, dpi=120)
@@ -142,7 +176,11 @@ def pinned_cores(threads: int) -> dict[str, str]:
     if len(cores) < 2 * threads:
         return {}
     draft_cores = ",".join(map(str, cores[:threads]))
-    return {"draft": draft_cores, "verify": ",".join(map(str, cores[threads:2 * threads])), "coordinator": draft_cores}
+    return {
+        "draft": draft_cores,
+        "verify": ",".join(map(str, cores[threads : 2 * threads])),
+        "coordinator": draft_cores,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -155,10 +193,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--runs", type=int, default=5, help="runs per mode (the report gives the median, >= 3)")
     parser.add_argument("--threads", type=int, default=1, help="--threads of the draft and of the verify service")
-    parser.add_argument("--no-pin", dest="pin", action="store_false",
-                        help="let the services share cores (default: the draft service and the verify service each "
-                             "on cores of their own, when the machine has enough; the coordinators, and this process, "
-                             "on the draft service's)")
+    parser.add_argument(
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="let the services share cores (default: the draft service and the verify service each "
+        "on cores of their own, when the machine has enough; the coordinators, and this process, "
+        "on the draft service's)",
+    )
     parser.add_argument("--timeline-tokens", type=int, default=48, help="max_new_tokens of the plotted request")
     parser.add_argument("--quick", action="store_true", help="2 prompts x 16 tokens, 3 runs, to a temp folder")
     parser.add_argument("--out-dir", type=pathlib.Path, default=None)
@@ -172,16 +214,38 @@ def main(argv: list[str] | None = None) -> dict:
     pin_flags = {name: ["--cpus", cores] for name, cores in pins.items()}
 
     fixed_gamma = ["--no-adaptive-gamma"]  # every mode drafts the same γ every round
-    coordinator_args = {mode: [*extra, *fixed_gamma, *pin_flags.get("coordinator", [])] for mode, extra in
-                        {"sequential": ["--no-overlap"], **{mode: ["--predraft-guesses", str(guesses)]
-                                                            for mode, guesses in POLICIES.items()}}.items()}
-    with LocalStack(args.target, args.draft, draft_args=[*service_args, *pin_flags.get("draft", [])],
-                    verify_args=[*service_args, *pin_flags.get("verify", [])],
-                    coordinator_args=coordinator_args[DEFAULT_POLICY]) as stack:  # the stack's own serves the default
-        coordinators = {mode: start_service(f"coordinator-{mode}", "coordinator", [
-            "--tokenizer", args.target, "--draft-replicas", stack.services["draft"].address,
-            "--verify-replicas", stack.services["verify"].address, *flags], stack.log_dir)
-            for mode, flags in coordinator_args.items() if mode != DEFAULT_POLICY}
+    coordinator_args = {
+        mode: [*extra, *fixed_gamma, *pin_flags.get("coordinator", [])]
+        for mode, extra in {
+            "sequential": ["--no-overlap"],
+            **{mode: ["--predraft-guesses", str(guesses)] for mode, guesses in POLICIES.items()},
+        }.items()
+    }
+    with LocalStack(
+        args.target,
+        args.draft,
+        draft_args=[*service_args, *pin_flags.get("draft", [])],
+        verify_args=[*service_args, *pin_flags.get("verify", [])],
+        coordinator_args=coordinator_args[DEFAULT_POLICY],
+    ) as stack:  # the stack's own serves the default
+        coordinators = {
+            mode: start_service(
+                f"coordinator-{mode}",
+                "coordinator",
+                [
+                    "--tokenizer",
+                    args.target,
+                    "--draft-replicas",
+                    stack.services["draft"].address,
+                    "--verify-replicas",
+                    stack.services["verify"].address,
+                    *flags,
+                ],
+                stack.log_dir,
+            )
+            for mode, flags in coordinator_args.items()
+            if mode != DEFAULT_POLICY
+        }
         addresses = {DEFAULT_POLICY: stack.address, **{mode: c.address for mode, c in coordinators.items()}}
         if pins:
             pin_cpus(pins["coordinator"])  # the client and the timeline's in-process coordinator
@@ -194,17 +258,30 @@ def main(argv: list[str] | None = None) -> dict:
                 run = run_interleaved(clients, prompts, args.max_new_tokens, args.gamma, rotation=index)
                 runs.append(run)
                 figures = {mode: totals(run[mode]) for mode in MODES}
-                print(f"run {index + 1}/{args.runs}: " + ", ".join(
-                    f"{mode} {figures[mode]['tokens_per_s']:.1f} tok/s"
-                    + (f" (hit rate {figures[mode]['predraft_hit_rate']})" if mode in POLICIES else "")
-                    for mode in MODES), flush=True)
+                print(
+                    f"run {index + 1}/{args.runs}: "
+                    + ", ".join(
+                        f"{mode} {figures[mode]['tokens_per_s']:.1f} tok/s"
+                        + (f" (hit rate {figures[mode]['predraft_hit_rate']})" if mode in POLICIES else "")
+                        for mode in MODES
+                    ),
+                    flush=True,
+                )
             for client in clients.values():
                 client.close()
             timelines = {}
             for mode, overlap in (("overlapped", True), ("sequential", False)):
-                timelines[mode] = asyncio.run(_timeline(stack.services["draft"].address,
-                                                        stack.services["verify"].address, args.target, prompts[0],
-                                                        overlap, args.gamma, args.timeline_tokens))
+                timelines[mode] = asyncio.run(
+                    _timeline(
+                        stack.services["draft"].address,
+                        stack.services["verify"].address,
+                        args.target,
+                        prompts[0],
+                        overlap,
+                        args.gamma,
+                        args.timeline_tokens,
+                    )
+                )
         finally:
             for coordinator in coordinators.values():
                 coordinator.stop()
@@ -224,18 +301,25 @@ def main(argv: list[str] | None = None) -> dict:
             "predraft_hit_rate_per_request": {
                 "median": round(statistics.median(hit_rates), 4) if hit_rates else None,
                 "min": round(min(hit_rates), 4) if hit_rates else None,
-                "max": round(max(hit_rates), 4) if hit_rates else None},
-            "outputs_identical_to_sequential": all(a.token_ids == b.token_ids for run in runs
-                                                   for a, b in zip(run[mode], run["sequential"])),
+                "max": round(max(hit_rates), 4) if hit_rates else None,
+            },
+            "outputs_identical_to_sequential": all(
+                a.token_ids == b.token_ids for run in runs for a, b in zip(run[mode], run["sequential"])
+            ),
         }
     winner = max(policies, key=lambda mode: policies[mode]["tokens_per_s_ratio_median"])
     draft_ms, verify_ms = overall["sequential"]["draft_ms_per_round"], overall["sequential"]["verify_ms_per_round"]
     report = {
         "benchmark": "overlap",
         "what": "overlapped (per pre-draft policy) vs sequential rounds over gRPC, batch 1, greedy, same draft and "
-                "verify processes",
-        "target": args.target, "draft": args.draft, "prompt_set": args.prompt_set, "prompts": len(prompts),
-        "max_new_tokens": args.max_new_tokens, "gamma": args.gamma, "runs": args.runs,
+        "verify processes",
+        "target": args.target,
+        "draft": args.draft,
+        "prompt_set": args.prompt_set,
+        "prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "gamma": args.gamma,
+        "runs": args.runs,
         "service_threads": {"draft": args.threads, "verify": args.threads},
         "service_cpus": pins,
         "default_policy": DEFAULT_POLICY,
@@ -243,12 +327,14 @@ def main(argv: list[str] | None = None) -> dict:
         "predraft_hit_rate": policies[DEFAULT_POLICY]["predraft_hit_rate"],
         "winning_policy": winner,
         "policies": policies,
-        "tokens_per_s_median": {mode: round(statistics.median(r[mode]["tokens_per_s"] for r in per_run), 3)
-                                for mode in MODES},
+        "tokens_per_s_median": {
+            mode: round(statistics.median(r[mode]["tokens_per_s"] for r in per_run), 3) for mode in MODES
+        },
         "outputs_identical": all(p["outputs_identical_to_sequential"] for p in policies.values()),
         # A round costs draft + verify sequentially; at best max(draft, verify) overlapped (every guess a hit).
-        "ideal_ratio_from_call_times": (round((draft_ms + verify_ms) / max(draft_ms, verify_ms), 3)
-                                        if draft_ms and verify_ms else None),
+        "ideal_ratio_from_call_times": (
+            round((draft_ms + verify_ms) / max(draft_ms, verify_ms), 3) if draft_ms and verify_ms else None
+        ),
         "modes": overall,
         "per_run": per_run,
         "timeline": {mode: {k: v for k, v in t.items() if k != "events"} for mode, t in timelines.items()},
@@ -257,9 +343,11 @@ def main(argv: list[str] | None = None) -> dict:
     write_json(out_dir / "overlap.json", report)
     plot_timeline(timelines, out_dir / "overlap_timeline.png")
     for mode, figures in policies.items():
-        print(f"{mode}: overlapped / sequential tokens/s median {figures['tokens_per_s_ratio_median']:.3f}x over "
-              f"{args.runs} runs (per run {', '.join(f'{r:.3f}' for r in figures['tokens_per_s_ratio_per_run'])}); "
-              f"hit rate {figures['predraft_hit_rate']}, {figures['guesses_per_predraft']} guesses per pre-draft")
+        print(
+            f"{mode}: overlapped / sequential tokens/s median {figures['tokens_per_s_ratio_median']:.3f}x over "
+            f"{args.runs} runs (per run {', '.join(f'{r:.3f}' for r in figures['tokens_per_s_ratio_per_run'])}); "
+            f"hit rate {figures['predraft_hit_rate']}, {figures['guesses_per_predraft']} guesses per pre-draft"
+        )
     print(f"winning policy: {winner}; outputs identical to sequential: {report['outputs_identical']}")
     return report
 

@@ -56,8 +56,10 @@ def context_lengths(context: int, spread: int, count: int, rng: random.Random) -
     nearest the context, which the one-row passes hold, then the others in random order."""
     if count == 1:
         return [context]
-    lengths = sorted((round(context - spread / 2 + i * spread / (count - 1)) for i in range(count)),
-                     key=lambda length: abs(length - context))
+    lengths = sorted(
+        (round(context - spread / 2 + i * spread / (count - 1)) for i in range(count)),
+        key=lambda length: abs(length - context),
+    )
     rest = lengths[1:]
     rng.shuffle(rest)
     return lengths[:1] + rest
@@ -86,15 +88,25 @@ class Workload:
         return self.new_tokens / self.tokens_per_round
 
 
-def time_passes(model: LoadedModel, contexts: Sequence[int], rows: Sequence[int], gamma: int, repeats: int,
-                log: Callable[[str], None] = print, spread: int = 0, prompt_tokens: int = 0) -> Timings:
+def time_passes(
+    model: LoadedModel,
+    contexts: Sequence[int],
+    rows: Sequence[int],
+    gamma: int,
+    repeats: int,
+    log: Callable[[str], None] = print,
+    spread: int = 0,
+    prompt_tokens: int = 0,
+) -> Timings:
     """`repeats` samples of each (context, rows) pass, and of a prefill of prompt_tokens (0: none), after one
     unrecorded round."""
     rng = random.Random(0)
     sessions: dict[int, list[KVSession]] = {}
     for context in contexts:  # max(rows) sessions per context, prefilled one by one
-        sessions[context] = [KVSession(model, [rng.randrange(1, model.vocab_size) for _ in range(length)])
-                             for length in context_lengths(context, spread, max(rows), rng)]
+        sessions[context] = [
+            KVSession(model, [rng.randrange(1, model.vocab_size) for _ in range(length)])
+            for length in context_lengths(context, spread, max(rows), rng)
+        ]
         for session in sessions[context]:
             session.prefill()
     timings = Timings({(context, count): [] for context in contexts for count in rows}, [])
@@ -135,18 +147,25 @@ def summarize(samples: dict[tuple[int, int], list[float]], gamma: int, workload:
     points = []
     for (context, count), median_ms in sorted(medians.items()):
         alone_ms = medians.get((context, 1))
-        point = {"context_tokens": context, "rows": count, "tokens_fed": count * (gamma + 1),
-                 "pass_ms": round(median_ms, 2), "per_row_ms": round(median_ms / count, 2),
-                 "batching_gain": round(count * alone_ms / median_ms, 2) if alone_ms else None}
+        point = {
+            "context_tokens": context,
+            "rows": count,
+            "tokens_fed": count * (gamma + 1),
+            "pass_ms": round(median_ms, 2),
+            "per_row_ms": round(median_ms / count, 2),
+            "batching_gain": round(count * alone_ms / median_ms, 2) if alone_ms else None,
+        }
         if workload is not None:
-            point["on_off_ceiling"] = (round(on_off_ceiling(workload, alone_ms, median_ms, count), 2)
-                                       if alone_ms else None)
+            point["on_off_ceiling"] = (
+                round(on_off_ceiling(workload, alone_ms, median_ms, count), 2) if alone_ms else None
+            )
         points.append(point | {"samples_ms": [round(t, 2) for t in samples[context, count]]})
     return points
 
 
 def plot(points: list[dict], path: pathlib.Path, title: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -155,11 +174,18 @@ def plot(points: list[dict], path: pathlib.Path, title: str) -> None:
         line = [p for p in points if p["context_tokens"] == context]
         passes.plot([p["rows"] for p in line], [p["pass_ms"] for p in line], marker="o", label=f"{context} cached")
         if all(p["batching_gain"] is not None for p in line):
-            drawn = gains.plot([p["rows"] for p in line], [p["batching_gain"] for p in line], marker="o",
-                               label=f"{context} cached")
+            drawn = gains.plot(
+                [p["rows"] for p in line], [p["batching_gain"] for p in line], marker="o", label=f"{context} cached"
+            )
             if all(p.get("on_off_ceiling") is not None for p in line):
-                gains.plot([p["rows"] for p in line], [p["on_off_ceiling"] for p in line], marker="s",
-                           linestyle="--", color=drawn[0].get_color(), label=f"{context} cached, on/off ceiling")
+                gains.plot(
+                    [p["rows"] for p in line],
+                    [p["on_off_ceiling"] for p in line],
+                    marker="s",
+                    linestyle="--",
+                    color=drawn[0].get_color(),
+                    label=f"{context} cached, on/off ceiling",
+                )
     rows = sorted({p["rows"] for p in points})
     gains.plot(rows, rows, linestyle=":", color="grey", label="ideal (pass cost flat in rows)")
     passes.set(xlabel="rows (sessions) in the pass", ylabel="median pass ms", title="one verify pass")
@@ -174,28 +200,53 @@ def plot(points: list[dict], path: pathlib.Path, title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.pass_cost", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.pass_cost", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--target", default=str(DEMO_TARGET_DIR), help="target model directory")
-    parser.add_argument("--contexts", type=_csv_ints, default=(60, 120, 240, 360),
-                        help="cached tokens per session, comma-separated [60,120,240,360]")
-    parser.add_argument("--rows", type=_csv_ints, default=(1, 2, 4, 8, 16),
-                        help="sessions per pass, comma-separated; 1 is the reference of the gain [1,2,4,8,16]")
-    parser.add_argument("--context-spread", type=int, default=0,
-                        help="sessions' cached lengths spread evenly over each context ± this / 2 [0]")
+    parser.add_argument(
+        "--contexts",
+        type=_csv_ints,
+        default=(60, 120, 240, 360),
+        help="cached tokens per session, comma-separated [60,120,240,360]",
+    )
+    parser.add_argument(
+        "--rows",
+        type=_csv_ints,
+        default=(1, 2, 4, 8, 16),
+        help="sessions per pass, comma-separated; 1 is the reference of the gain [1,2,4,8,16]",
+    )
+    parser.add_argument(
+        "--context-spread",
+        type=int,
+        default=0,
+        help="sessions' cached lengths spread evenly over each context ± this / 2 [0]",
+    )
     parser.add_argument("--gamma", type=int, default=4, help="drafted tokens per row (γ + 1 fed) [4]")
     parser.add_argument("--repeats", type=int, default=15, help="timed rounds over every point [15]")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the verify service's --threads) [1]")
-    parser.add_argument("--attention-kernel", action=argparse.BooleanOptionalAction, default=True,
-                        help="short rows attend in the compiled CPU kernel, as the services do by default "
-                             "(--no-attention-kernel: SDPA) [on]")
+    parser.add_argument(
+        "--attention-kernel",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="short rows attend in the compiled CPU kernel, as the services do by default "
+        "(--no-attention-kernel: SDPA) [on]",
+    )
     workload = parser.add_argument_group("on/off ceiling of a workload (with --prompt-tokens)")
-    workload.add_argument("--prompt-tokens", type=int, default=0,
-                          help="prompt length whose prefill is timed; 0 = no prefill, no ceiling [0]")
+    workload.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=0,
+        help="prompt length whose prefill is timed; 0 = no prefill, no ceiling [0]",
+    )
     workload.add_argument("--new-tokens", type=int, default=128, help="tokens each request generates [128]")
-    workload.add_argument("--tokens-per-round", type=float, default=2.9,
-                          help="tokens a round commits (a load test's tok/rnd; the demo pair's unbatched stack "
-                               "makes 2.85-2.89 at γ 4) [2.9]")
+    workload.add_argument(
+        "--tokens-per-round",
+        type=float,
+        default=2.9,
+        help="tokens a round commits (a load test's tok/rnd; the demo pair's unbatched stack "
+        "makes 2.85-2.89 at γ 4) [2.9]",
+    )
     parser.add_argument("--out-dir", type=pathlib.Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     if not args.contexts or not args.rows or min(args.rows) < 1 or args.gamma < 0 or args.context_spread < 0:
@@ -208,37 +259,72 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--prompt-tokens must be >= 0, --new-tokens >= 1, --tokens-per-round > 0")
     print(f"loading {args.target} ...", flush=True)
     model = LoadedModel.load(ModelSettings(args.target, threads=args.threads, attention_kernel=args.attention_kernel))
-    timings = time_passes(model, args.contexts, args.rows, args.gamma, args.repeats,
-                          log=lambda line: print(line, flush=True), spread=args.context_spread,
-                          prompt_tokens=args.prompt_tokens)
-    workload = (Workload(args.prompt_tokens, statistics.median(timings.prefill_ms), args.new_tokens,
-                         args.tokens_per_round) if args.prompt_tokens else None)
+    timings = time_passes(
+        model,
+        args.contexts,
+        args.rows,
+        args.gamma,
+        args.repeats,
+        log=lambda line: print(line, flush=True),
+        spread=args.context_spread,
+        prompt_tokens=args.prompt_tokens,
+    )
+    workload = (
+        Workload(args.prompt_tokens, statistics.median(timings.prefill_ms), args.new_tokens, args.tokens_per_round)
+        if args.prompt_tokens
+        else None
+    )
     points = summarize(timings.passes, args.gamma, workload)
-    report = {"target": args.target, "gamma": args.gamma, "context_spread": args.context_spread,
-              "threads": args.threads, "repeats": args.repeats, "attention_kernel": model.attention_kernel is not None,
-              "device": str(model.device), "torch_version": torch.__version__, "points": points}
+    report = {
+        "target": args.target,
+        "gamma": args.gamma,
+        "context_spread": args.context_spread,
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "attention_kernel": model.attention_kernel is not None,
+        "device": str(model.device),
+        "torch_version": torch.__version__,
+        "points": points,
+    }
     if workload is not None:
-        report["workload"] = {"prompt_tokens": workload.prompt_tokens, "prefill_ms": round(workload.prefill_ms, 2),
-                              "prefill_samples_ms": [round(t, 2) for t in timings.prefill_ms],
-                              "new_tokens": workload.new_tokens, "tokens_per_round": workload.tokens_per_round}
+        report["workload"] = {
+            "prompt_tokens": workload.prompt_tokens,
+            "prefill_ms": round(workload.prefill_ms, 2),
+            "prefill_samples_ms": [round(t, 2) for t in timings.prefill_ms],
+            "new_tokens": workload.new_tokens,
+            "tokens_per_round": workload.tokens_per_round,
+        }
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "pass_cost.json").write_text(json.dumps(report, indent=1) + "\n")
-    plot(points, args.out_dir / "pass_cost.png",
-         f"{pathlib.Path(args.target).name}: verify pass of γ + 1 = {args.gamma + 1} tokens per row, "
-         + (f"cached lengths ± {args.context_spread // 2}, " if args.context_spread else "")
-         + f"{args.threads} thread(s)"
-         + (f"\nceiling: prefill of {workload.prompt_tokens} tokens {workload.prefill_ms:.0f} ms, "
-            f"{workload.new_tokens} new tokens at {workload.tokens_per_round:g} a round" if workload else ""))
+    plot(
+        points,
+        args.out_dir / "pass_cost.png",
+        f"{pathlib.Path(args.target).name}: verify pass of γ + 1 = {args.gamma + 1} tokens per row, "
+        + (f"cached lengths ± {args.context_spread // 2}, " if args.context_spread else "")
+        + f"{args.threads} thread(s)"
+        + (
+            f"\nceiling: prefill of {workload.prompt_tokens} tokens {workload.prefill_ms:.0f} ms, "
+            f"{workload.new_tokens} new tokens at {workload.tokens_per_round:g} a round"
+            if workload
+            else ""
+        ),
+    )
     if workload is not None:
-        print(f"prefill of {workload.prompt_tokens} tokens: {workload.prefill_ms:.1f} ms; on/off ceiling for "
-              f"{workload.new_tokens} new tokens at {workload.tokens_per_round:g} a round")
-    print(f"{'context':>8} {'rows':>5} {'pass ms':>8} {'per row':>8} {'gain':>6}"
-          + (f" {'ceiling':>8}" if workload is not None else ""))
+        print(
+            f"prefill of {workload.prompt_tokens} tokens: {workload.prefill_ms:.1f} ms; on/off ceiling for "
+            f"{workload.new_tokens} new tokens at {workload.tokens_per_round:g} a round"
+        )
+    print(
+        f"{'context':>8} {'rows':>5} {'pass ms':>8} {'per row':>8} {'gain':>6}"
+        + (f" {'ceiling':>8}" if workload is not None else "")
+    )
     for p in points:
         gain = "" if p["batching_gain"] is None else f"{p['batching_gain']:.2f}"
         ceiling = "" if p.get("on_off_ceiling") is None else f"{p['on_off_ceiling']:.2f}"
-        print(f"{p['context_tokens']:>8} {p['rows']:>5} {p['pass_ms']:>8.1f} {p['per_row_ms']:>8.2f} {gain:>6}"
-              + (f" {ceiling:>8}" if workload is not None else ""))
+        print(
+            f"{p['context_tokens']:>8} {p['rows']:>5} {p['pass_ms']:>8.1f} {p['per_row_ms']:>8.2f} {gain:>6}"
+            + (f" {ceiling:>8}" if workload is not None else "")
+        )
     print(f"wrote {args.out_dir / 'pass_cost.json'} and {args.out_dir / 'pass_cost.png'}")
     return report
 

@@ -50,5 +50,8 @@ def random_prompts(tokenizer: PreTrainedTokenizerBase, count: int, prompt_tokens
     special = set(tokenizer.all_special_ids)
     allowed = [i for i in range(len(tokenizer)) if i not in special]
     rng = random.Random(seed)
-    return PromptSet("random_ids", [[rng.choice(allowed) for _ in range(prompt_tokens)] for _ in range(count)],
-                     [f"random:{i}" for i in range(count)])
+    return PromptSet(
+        "random_ids",
+        [[rng.choice(allowed) for _ in range(prompt_tokens)] for _ in range(count)],
+        [f"random:{i}" for i in range(count)],
+    )

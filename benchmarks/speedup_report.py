@@ -92,8 +92,10 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 def figures(summaries: dict[str, dict[str, dict]], gamma: int, c_by_contender: dict[str, float]) -> dict:
     """tokens/s, α, bound, ratios and efficiency per temperature, from per-contender summaries."""
-    out = {key: {} for key in ("tokens_per_s", "alpha", "bound", "overlapped_ceiling", "target_only", "ratios",
-                               "efficiency")}
+    out = {
+        key: {}
+        for key in ("tokens_per_s", "alpha", "bound", "overlapped_ceiling", "target_only", "ratios", "efficiency")
+    }
     for label, by_name in summaries.items():
         tps = {name: by_name[name]["tokens_per_s"] for name in by_name}
         best = max(TARGET_ONLY, key=lambda name: tps[name])
@@ -120,31 +122,41 @@ def summary_table(report: dict) -> str:
     """A fixed-width table: one row per contender, greedy and temperature 1 side by side."""
     labels = list(report["tokens_per_s"])
     header = f"{'contender':<17}" + "".join(
-        f" | {label:<13} {'tok/s':>7} {'×target':>7} {'×HF-as':>6} {'α':>5} {'bound':>5} {'eff':>5}" for label in labels)
+        f" | {label:<13} {'tok/s':>7} {'×target':>7} {'×HF-as':>6} {'α':>5} {'bound':>5} {'eff':>5}" for label in labels
+    )
     lines = [header, "-" * len(header)]
     for name in CONTENDERS:
         row = f"{name:<17}"
         for label in labels:
             ratios = report["ratios_by_temperature"][label]
             alpha = report["alpha"][label].get(name)
-            cells = [report["tokens_per_s"][label][name], ratios.get(f"{name}_vs_target_only"),
-                     ratios.get(f"{name}_vs_hf_assisted", 1.0), alpha, report["bound"][label].get(name),
-                     report["efficiency_by_temperature"][label].get(name)]
+            cells = [
+                report["tokens_per_s"][label][name],
+                ratios.get(f"{name}_vs_target_only"),
+                ratios.get(f"{name}_vs_hf_assisted", 1.0),
+                alpha,
+                report["bound"][label].get(name),
+                report["efficiency_by_temperature"][label].get(name),
+            ]
             formats = ("7.1f", "7.2f", "6.2f", "5.2f", "5.2f", "5.2f")
-            row += f" | {'':<13} " + " ".join(f"{'–':>{int(f.split('.')[0])}}" if v is None else f"{v:{f}}"
-                                             for v, f in zip(cells, formats))
+            row += f" | {'':<13} " + " ".join(
+                f"{'–':>{int(f.split('.')[0])}}" if v is None else f"{v:{f}}" for v, f in zip(cells, formats)
+            )
         lines.append(row)
     steps = report["step_times_ms"]
     lines.append("")
-    lines.append("per-step time, ms (batch 1, one token, warm cache): bare forward / LoadedModel.forward / "
-                 "KVSession.extend step")
-    for key, result in steps.items():
+    lines.append(
+        "per-step time, ms (batch 1, one token, warm cache): bare forward / LoadedModel.forward / KVSession.extend step"
+    )
+    for result in steps.values():
         for side in ("target", "draft"):
             t = result[side]
-            lines.append(f"  {side:<6} {result['threads']} thread(s): {t['bare_forward_ms']:.2f} / "
-                         f"{t['runtime_forward_ms']:.2f} ({t['runtime_overhead_pct']:+.0f}%) / "
-                         f"{t['session_step_ms']:.2f} ({t['session_overhead_pct']:+.0f}%); "
-                         f"verify γ+1 block {t['verify_block_ms']:.2f}")
+            lines.append(
+                f"  {side:<6} {result['threads']} thread(s): {t['bare_forward_ms']:.2f} / "
+                f"{t['runtime_forward_ms']:.2f} ({t['runtime_overhead_pct']:+.0f}%) / "
+                f"{t['session_step_ms']:.2f} ({t['session_overhead_pct']:+.0f}%); "
+                f"verify γ+1 block {t['verify_block_ms']:.2f}"
+            )
         lines.append(f"  c = {result['c']:.3f} at {result['threads']} thread(s)")
     sweep = report["gamma_sweep"]["points"]
     if sweep:
@@ -178,8 +190,9 @@ def plot(report: dict, path: pathlib.Path) -> pathlib.Path:
     gammas = [p["gamma"] for p in points]
     for name, color in zip(report["gamma_sweep"]["contenders"], ("tab:blue", "tab:green", "tab:red")):
         sweep.plot(gammas, [p[name]["speedup"] for p in points], "o-", color=color, label=f"{name} measured")
-        sweep.plot(gammas, [p[name]["bound"] for p in points], "--", color=color, alpha=0.7,
-                   label=f"{name} bound E/(1+γc)")
+        sweep.plot(
+            gammas, [p[name]["bound"] for p in points], "--", color=color, alpha=0.7, label=f"{name} bound E/(1+γc)"
+        )
     sweep.axhline(1.0, color="gray", linewidth=1)
     sweep.set_xticks(gammas)
     sweep.set_xlabel("γ (num_speculative_tokens)")
@@ -188,8 +201,10 @@ def plot(report: dict, path: pathlib.Path) -> pathlib.Path:
     sweep.grid(True, alpha=0.3)
     sweep.legend(fontsize=8)
     config = report["config"]
-    figure.suptitle(f"{pathlib.Path(config['target']).name} / {pathlib.Path(config['draft']).name}, "
-                    f"{config['threads']} threads, {config['prompts']} prompts × {config['max_new_tokens']} new tokens")
+    figure.suptitle(
+        f"{pathlib.Path(config['target']).name} / {pathlib.Path(config['draft']).name}, "
+        f"{config['threads']} threads, {config['prompts']} prompts × {config['max_new_tokens']} new tokens"
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -52,9 +52,18 @@ def timed_generate(client: Client, prompt: str | Sequence[int], **kwargs) -> Req
     reply = client.generate(prompt, include_stats=True, **kwargs)
     seconds = time.perf_counter() - started
     stats = reply.stats
-    return RequestRun(list(reply.token_ids), seconds, stats.rounds, stats.drafted_tokens, stats.accepted_tokens,
-                      stats.predraft_attempts, stats.predraft_hits, stats.draft_ns, stats.verify_ns,
-                      stats.predraft_guesses)
+    return RequestRun(
+        list(reply.token_ids),
+        seconds,
+        stats.rounds,
+        stats.drafted_tokens,
+        stats.accepted_tokens,
+        stats.predraft_attempts,
+        stats.predraft_hits,
+        stats.draft_ns,
+        stats.verify_ns,
+        stats.predraft_guesses,
+    )
 
 
 def totals(runs: Iterable[RequestRun]) -> dict:
@@ -97,9 +106,14 @@ def environment(**extra) -> dict:
     import torch
     import transformers
 
-    return {"measured_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores", **extra}
+    return {
+        "measured_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
+        **extra,
+    }
 
 
 def results_dir(out_dir: pathlib.Path | None, quick: bool) -> pathlib.Path:

@@ -33,8 +33,9 @@ def _timed(call: Callable[[], object]) -> int:
     return time.perf_counter_ns() - started
 
 
-def step_times(model: LoadedModel, context_ids: Sequence[int], repeats: int, verify_tokens: int,
-               warmup: int = 3) -> dict[str, float]:
+def step_times(
+    model: LoadedModel, context_ids: Sequence[int], repeats: int, verify_tokens: int, warmup: int = 3
+) -> dict[str, float]:
     """Median milliseconds of one decode step three ways, and of scoring a verify_tokens block."""
     context = list(context_ids)
     cache = DynamicCache(config=model.model.config)  # the bare transformers path: its own cache type
@@ -68,14 +69,16 @@ def step_times(model: LoadedModel, context_ids: Sequence[int], repeats: int, ver
     def reset_session() -> None:
         session.truncate(session_len)
 
-    calls = {"bare_forward_ms": (bare, crop),
-             "runtime_forward_ms": (lambda: model.forward(one, runtime_cache), crop_runtime),
-             "session_step_ms": (session_step, reset_session),
-             "verify_block_ms": (lambda: model.forward(block, runtime_cache), crop_runtime)}
+    calls = {
+        "bare_forward_ms": (bare, crop),
+        "runtime_forward_ms": (lambda: model.forward(one, runtime_cache), crop_runtime),
+        "session_step_ms": (session_step, reset_session),
+        "verify_block_ms": (lambda: model.forward(block, runtime_cache), crop_runtime),
+    }
     names = list(calls)
     samples: dict[str, list[int]] = {name: [] for name in names}
     for i in range(warmup + repeats):
-        for name in names[i % len(names):] + names[:i % len(names)]:  # rotate: no call always runs first
+        for name in names[i % len(names) :] + names[: i % len(names)]:  # rotate: no call always runs first
             call, reset = calls[name]
             elapsed = _timed(call)
             reset()
@@ -84,15 +87,24 @@ def step_times(model: LoadedModel, context_ids: Sequence[int], repeats: int, ver
     return {name: _median_ms(values) for name, values in samples.items()}
 
 
-def measure_pair(target: LoadedModel, draft: LoadedModel, context_ids: Sequence[int], threads: int, gamma: int,
-                 target_repeats: int, draft_repeats: int) -> dict:
+def measure_pair(
+    target: LoadedModel,
+    draft: LoadedModel,
+    context_ids: Sequence[int],
+    threads: int,
+    gamma: int,
+    target_repeats: int,
+    draft_repeats: int,
+) -> dict:
     """Step times of both models at `threads` intra-op threads, their runtime overhead, and c."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        result = {"threads": threads,
-                  "target": step_times(target, context_ids, target_repeats, gamma + 1),
-                  "draft": step_times(draft, context_ids, draft_repeats, gamma + 1)}
+        result = {
+            "threads": threads,
+            "target": step_times(target, context_ids, target_repeats, gamma + 1),
+            "draft": step_times(draft, context_ids, draft_repeats, gamma + 1),
+        }
     finally:
         torch.set_num_threads(previous)
     for side in ("target", "draft"):

@@ -14,12 +14,12 @@ from coordinator.replicas import ReplicaPool
 from coordinator.request_guard import RequestGuard
 from coordinator.servicer import CoordinatorServicer
 from coordinator.settings import CoordinatorSettings
-from specdec.model_runtime import VocabularyIdentity, check_same_vocabulary, tokenizer_sha256
 from specdec.cpu_affinity import pin_cpus
+from specdec.model_runtime import VocabularyIdentity, check_same_vocabulary, tokenizer_sha256
 from specdec.serving import configure_logging, start_server, wait_for_termination
 from specdec.settings import parse_settings
-from specdec.tls import channel_credentials, server_credentials, server_name_options
 from specdec.telemetry import start_telemetry
+from specdec.tls import channel_credentials, server_credentials, server_name_options
 from specdec.v1 import coordinator_pb2, coordinator_pb2_grpc, drafter_pb2_grpc, verifier_pb2_grpc
 
 log = logging.getLogger("coordinator")
@@ -44,41 +44,57 @@ def check_replicas(tokenizer_identity: VocabularyIdentity, draft_pool: ReplicaPo
         if not info.tokenizer_sha256:  # a model-free drafter: only the width must agree
             info_identity = VocabularyIdentity(replica.address, info.vocab_size, tokenizer_identity.tokenizer_sha256)
         else:
-            info_identity = VocabularyIdentity(f"{info.model_id} at {replica.address}", info.vocab_size,
-                                               info.tokenizer_sha256)
-        check_same_vocabulary(VocabularyIdentity(tokenizer_identity.model_id, vocab_size,
-                                                 tokenizer_identity.tokenizer_sha256), info_identity)
+            info_identity = VocabularyIdentity(
+                f"{info.model_id} at {replica.address}", info.vocab_size, info.tokenizer_sha256
+            )
+        check_same_vocabulary(
+            VocabularyIdentity(tokenizer_identity.model_id, vocab_size, tokenizer_identity.tokenizer_sha256),
+            info_identity,
+        )
     return vocab_size
 
 
 async def build_servicer(settings: CoordinatorSettings) -> CoordinatorServicer:
     if not 0 <= settings.predraft_guesses <= MAX_RANKED_ALTERNATIVES:
-        raise ValueError(f"predraft_guesses must be in [0, {MAX_RANKED_ALTERNATIVES}], "
-                         f"got {settings.predraft_guesses}")
+        raise ValueError(f"predraft_guesses must be in [0, {MAX_RANKED_ALTERNATIVES}], got {settings.predraft_guesses}")
     tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer)
-    security = dict(credentials=channel_credentials(settings.replica_tls_ca, settings.replica_tls_cert,
-                                                    settings.replica_tls_key),
-                    options=server_name_options(settings.replica_tls_server_name))  # TLS to the replicas, if set
+    security = dict(
+        credentials=channel_credentials(settings.replica_tls_ca, settings.replica_tls_cert, settings.replica_tls_key),
+        options=server_name_options(settings.replica_tls_server_name),
+    )  # TLS to the replicas, if set
     draft_pool = ReplicaPool("draft", settings.draft_replicas, drafter_pb2_grpc.DrafterStub, **security)
     verify_pool = ReplicaPool("verify", settings.verify_replicas, verifier_pb2_grpc.VerifierStub, **security)
-    await asyncio.gather(draft_pool.wait_ready(settings.startup_timeout_s), verify_pool.wait_ready(settings.startup_timeout_s))
+    await asyncio.gather(
+        draft_pool.wait_ready(settings.startup_timeout_s), verify_pool.wait_ready(settings.startup_timeout_s)
+    )
     identity = VocabularyIdentity(settings.tokenizer, 0, tokenizer_sha256(tokenizer))
     vocab_size = check_replicas(identity, draft_pool, verify_pool)
-    model_contexts = [r.info.max_context_tokens for r in [*draft_pool.replicas, *verify_pool.replicas]
-                      if r.info.max_context_tokens]
+    model_contexts = [
+        r.info.max_context_tokens for r in [*draft_pool.replicas, *verify_pool.replicas] if r.info.max_context_tokens
+    ]
     settings = dataclasses.replace(settings, max_context_tokens=min([settings.max_context_tokens, *model_contexts]))
-    return CoordinatorServicer(settings, tokenizer, eos_token_ids(settings.tokenizer, tokenizer), vocab_size,
-                               draft_pool, verify_pool, RequestGuard.from_settings(settings, [draft_pool, verify_pool]))
+    return CoordinatorServicer(
+        settings,
+        tokenizer,
+        eos_token_ids(settings.tokenizer, tokenizer),
+        vocab_size,
+        draft_pool,
+        verify_pool,
+        RequestGuard.from_settings(settings, [draft_pool, verify_pool]),
+    )
 
 
 async def serve(settings: CoordinatorSettings) -> None:
     start_telemetry("coordinator", settings)
     credentials = server_credentials(settings)  # TLS on the client-facing port, if set (fails early on bad files)
     servicer = await build_servicer(settings)
-    running = await start_server(settings.address,
-                                 lambda s: coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, s),
-                                 [coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name],
-                                 interceptors=servicer.guard.interceptors(), credentials=credentials)
+    running = await start_server(
+        settings.address,
+        lambda s: coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, s),
+        [coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name],
+        interceptors=servicer.guard.interceptors(),
+        credentials=credentials,
+    )
     print(f"coordinator listening on port {running.port}", flush=True)
     await wait_for_termination(running, settings.grace_s)
     await servicer.guard.close()

@@ -43,9 +43,12 @@ class ApiKey:
 
     @classmethod
     def from_hash(cls, key_id: str, fields: dict[bytes, bytes]) -> ApiKey:
-        return cls(key_id=key_id, name=fields[b"name"].decode(),
-                   requests_per_minute=int(fields.get(b"requests_per_minute", b"0")),
-                   tokens_per_minute=int(fields.get(b"tokens_per_minute", b"0")))
+        return cls(
+            key_id=key_id,
+            name=fields[b"name"].decode(),
+            requests_per_minute=int(fields.get(b"requests_per_minute", b"0")),
+            tokens_per_minute=int(fields.get(b"tokens_per_minute", b"0")),
+        )
 
 
 class ApiKeyStore:
@@ -62,8 +65,9 @@ class ApiKeyStore:
         return ApiKey.from_hash(key_id, fields) if fields else None
 
 
-def add_key(client: redis.Redis, keys: RedisKeys, name: str, requests_per_minute: int = 0,
-            tokens_per_minute: int = 0) -> str:
+def add_key(
+    client: redis.Redis, keys: RedisKeys, name: str, requests_per_minute: int = 0, tokens_per_minute: int = 0
+) -> str:
     """Creates a key for `name` (which must be new) and returns it; only its hash is stored."""
     if not name or any(c.isspace() for c in name):
         raise ValueError("name: must be non-empty without whitespace")
@@ -73,8 +77,15 @@ def add_key(client: redis.Redis, keys: RedisKeys, name: str, requests_per_minute
     key_id = hash_key(key)
     if not client.hsetnx(keys.api_key_names(), name, key_id):
         raise ValueError(f"name: {name!r} already has a key (revoke it first)")
-    client.hset(keys.api_key(key_id), mapping={"name": name, "requests_per_minute": requests_per_minute,
-                                               "tokens_per_minute": tokens_per_minute, "created": int(time.time())})
+    client.hset(
+        keys.api_key(key_id),
+        mapping={
+            "name": name,
+            "requests_per_minute": requests_per_minute,
+            "tokens_per_minute": tokens_per_minute,
+            "created": int(time.time()),
+        },
+    )
     return key
 
 
@@ -84,8 +95,9 @@ def revoke_key(client: redis.Redis, keys: RedisKeys, name: str) -> bool:
     if key_id is None:
         return False
     pipe = client.pipeline()
-    pipe.delete(keys.api_key(key_id.decode()), keys.rate(key_id.decode(), "requests"),
-                keys.rate(key_id.decode(), "tokens"))
+    pipe.delete(
+        keys.api_key(key_id.decode()), keys.rate(key_id.decode(), "requests"), keys.rate(key_id.decode(), "tokens")
+    )
     pipe.hdel(keys.api_key_names(), name)
     pipe.execute()
     return True
@@ -93,7 +105,7 @@ def revoke_key(client: redis.Redis, keys: RedisKeys, name: str) -> bool:
 
 def list_keys(client: redis.Redis, keys: RedisKeys) -> list[ApiKey]:
     records = []
-    for name, key_id in sorted(client.hgetall(keys.api_key_names()).items()):
+    for _, key_id in sorted(client.hgetall(keys.api_key_names()).items()):
         fields = client.hgetall(keys.api_key(key_id.decode()))
         if fields:
             records.append(ApiKey.from_hash(key_id.decode(), fields))
@@ -101,16 +113,18 @@ def list_keys(client: redis.Redis, keys: RedisKeys) -> list[ApiKey]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m coordinator.api_keys", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m coordinator.api_keys", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--redis-url", default=os.environ.get("SPECDEC_REDIS_URL", ""))
     parser.add_argument("--redis-key-prefix", default=os.environ.get("SPECDEC_REDIS_KEY_PREFIX", "specdec:"))
     commands = parser.add_subparsers(dest="command", required=True)
     add = commands.add_parser("add", help="create a key and print it (once)")
     add.add_argument("name")
     add.add_argument("--requests-per-minute", type=int, default=0, help="0 = unlimited")
-    add.add_argument("--tokens-per-minute", type=int, default=0,
-                     help="prompt + generated tokens per minute; 0 = unlimited")
+    add.add_argument(
+        "--tokens-per-minute", type=int, default=0, help="prompt + generated tokens per minute; 0 = unlimited"
+    )
     revoke = commands.add_parser("revoke", help="delete a key at once")
     revoke.add_argument("name")
     commands.add_parser("list", help="names and limits (never the keys)")
@@ -127,8 +141,10 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         else:
             for record in list_keys(client, keys):
-                print(f"{record.name}\trequests/min={record.requests_per_minute or 'unlimited'}\t"
-                      f"tokens/min={record.tokens_per_minute or 'unlimited'}")
+                print(
+                    f"{record.name}\trequests/min={record.requests_per_minute or 'unlimited'}\t"
+                    f"tokens/min={record.tokens_per_minute or 'unlimited'}"
+                )
     except ValueError as error:
         print(error, file=sys.stderr)
         return 2

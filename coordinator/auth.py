@@ -60,7 +60,8 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
         except redis.exceptions.RedisError as error:
             raise DownstreamUnavailableError(
                 f"API key store (Redis at {self.redis_description}) unreachable, refusing calls until it is back: "
-                f"{type(error).__name__}") from None
+                f"{type(error).__name__}"
+            ) from None
         if key is None:
             raise UnauthenticatedError("invalid API key")
         return key

@@ -31,8 +31,14 @@ PRIOR_PREDRAFTS = 4  # weight of the 1/2 prior in a request's pre-draft hit rate
 class BlockSizer:
     """Sizes one request's blocks by the speculation policy, and feeds its rounds back to the policy's measures."""
 
-    def __init__(self, state: GenerationState, sessions: ReplicaSessions, acceptance: AcceptanceRate | None = None,
-                 round_times: RoundTimes | None = None, gate: SpeculationGate | None = None):
+    def __init__(
+        self,
+        state: GenerationState,
+        sessions: ReplicaSessions,
+        acceptance: AcceptanceRate | None = None,
+        round_times: RoundTimes | None = None,
+        gate: SpeculationGate | None = None,
+    ):
         self.state = state
         self.sessions = sessions
         self.acceptance = acceptance  # the coordinator-wide α; None: every block drafts plan.gamma tokens
@@ -43,8 +49,12 @@ class BlockSizer:
     def adaptive(self) -> bool:
         """Whether blocks are sized by the policy: adaptive γ, a drafter, and both replicas' costs known."""
         draft = self.sessions.draft
-        return (self.acceptance is not None and draft is not None and draft.load is not None
-                and self.sessions.verify.load is not None)
+        return (
+            self.acceptance is not None
+            and draft is not None
+            and draft.load is not None
+            and self.sessions.verify.load is not None
+        )
 
     def _alpha(self) -> float:
         """The request's acceptance rate as the policy counts it (adaptive γ only)."""
@@ -90,8 +100,9 @@ class BlockSizer:
         plain step at once); without adaptive γ it always is."""
         if not self.adaptive():
             return True
-        return fresh_draft_pays(self._alpha(), gamma, self.sessions.verify.load, self.sessions.draft.load,
-                                self.round_times)
+        return fresh_draft_pays(
+            self._alpha(), gamma, self.sessions.verify.load, self.sessions.draft.load, self.round_times
+        )
 
     def time_round(self, drafted: int, started_ns: int) -> None:
         """Compares the round that just got its verdict (from when its block was awaited) with the model's

@@ -98,11 +98,19 @@ class RequestStats(SpeculationStats):
 class Generation:
     """Runs one request on one draft and one verify replica, yielding a Chunk per committed round."""
 
-    def __init__(self, plan: GenerationPlan, draft: Replica | None, verify: Replica, text: TextStream,
-                 call_timeout_s: float, telemetry: RequestTelemetry | None = None,
-                 on_draft_unavailable: Callable[[Replica], None] | None = None,
-                 acceptance: AcceptanceRate | None = None, round_times: RoundTimes | None = None,
-                 gate: SpeculationGate | None = None):
+    def __init__(
+        self,
+        plan: GenerationPlan,
+        draft: Replica | None,
+        verify: Replica,
+        text: TextStream,
+        call_timeout_s: float,
+        telemetry: RequestTelemetry | None = None,
+        on_draft_unavailable: Callable[[Replica], None] | None = None,
+        acceptance: AcceptanceRate | None = None,
+        round_times: RoundTimes | None = None,
+        gate: SpeculationGate | None = None,
+    ):
         self.plan = plan
         self.text = text
         self.gate = gate  # coordinator-wide measured throughput each way; None: the γ policy alone decides
@@ -136,9 +144,13 @@ class Generation:
                 self.stats.total_ns = self.elapsed_ns()
                 await asyncio.shield(self.sessions.close())
                 stats = self.stats
-                self.telemetry.finished(self.text.finish_reason or "incomplete", rounds=stats.rounds,
-                                        drafted_tokens=stats.drafted, accepted_tokens=stats.accepted,
-                                        generated_tokens=len(self.text.token_ids))
+                self.telemetry.finished(
+                    self.text.finish_reason or "incomplete",
+                    rounds=stats.rounds,
+                    drafted_tokens=stats.drafted,
+                    accepted_tokens=stats.accepted,
+                    generated_tokens=len(self.text.token_ids),
+                )
 
     async def _rounds(self) -> AsyncIterator[Chunk]:
         block: DraftBlock | None = None
@@ -162,8 +174,9 @@ class Generation:
                 if finished and predraft is not None:
                     # Not needed: cancelled before the last chunk (and its stats) go out, so neither counts it.
                     predraft.cancel()
-                    await asyncio.gather(predraft.future, *[predraft.next_round] if predraft.next_round else [],
-                                         return_exceptions=True)
+                    await asyncio.gather(
+                        predraft.future, *[predraft.next_round] if predraft.next_round else [], return_exceptions=True
+                    )
                 yield chunk
                 if finished:
                     return
@@ -185,8 +198,14 @@ class Generation:
         (the verifier already truncated; each draft lane truncates on its next call's base_len)."""
         drafted, accepted = len(block.token_ids), len(verdict.accepted_token_ids)
         committed = self.state.committed
-        with self.telemetry.stage("commit", round_span, base_len=len(committed), drafted=drafted, accepted=accepted,
-                                  rolled_back=drafted - accepted):
+        with self.telemetry.stage(
+            "commit",
+            round_span,
+            base_len=len(committed),
+            drafted=drafted,
+            accepted=accepted,
+            rolled_back=drafted - accepted,
+        ):
             self.stats.record(drafted, accepted)
             self.state.verdicts.observe(drafted, block.alternatives, accepted, verdict.next_token_id)
             self.state.metrics.round_committed(drafted, accepted)

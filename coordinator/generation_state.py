@@ -25,8 +25,9 @@ class GenerationState:
         self.telemetry = telemetry
         self.metrics = telemetry.metrics
         self.committed: list[int] = list(plan.prompt_ids)
-        self.lanes = [DraftLane(index, list(plan.prompt_ids), len(plan.prompt_ids))
-                      for index in range(plan.draft_lanes)]
+        self.lanes = [
+            DraftLane(index, list(plan.prompt_ids), len(plan.prompt_ids)) for index in range(plan.draft_lanes)
+        ]
         self.verdicts = VerdictHistory()  # which guesses this request's verdicts matched, to rank the next ones
         self.started_ns = time.perf_counter_ns()
 

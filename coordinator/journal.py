@@ -112,8 +112,9 @@ class JournalEntry:
 class RequestJournal:
     """The Redis side of journaled requests; Redis errors propagate (the caller decides how to degrade)."""
 
-    def __init__(self, client: redis.asyncio.Redis, keys: RedisKeys, lease_s: float, journal_ttl_s: float,
-                 result_ttl_s: float):
+    def __init__(
+        self, client: redis.asyncio.Redis, keys: RedisKeys, lease_s: float, journal_ttl_s: float, result_ttl_s: float
+    ):
         self.keys = keys
         self.lease_ms = max(1, int(lease_s * 1000))
         self.journal_ttl_ms = max(1, int(journal_ttl_s * 1000))
@@ -127,23 +128,31 @@ class RequestJournal:
         journal = self.keys.journal(scope, request_id)
         return [journal, self.keys.lease(scope, request_id), journal + ":tokens", journal + ":text"]
 
-    async def begin(self, scope: str, request_id: str, fingerprint: str, seed: int, holder: str,
-                    prompt_tokens: int) -> JournalEntry:
+    async def begin(
+        self, scope: str, request_id: str, fingerprint: str, seed: int, holder: str, prompt_tokens: int
+    ) -> JournalEntry:
         """Takes the lease and starts or resumes the journal; or reports a finished result or a busy lease."""
-        reply = await self._begin(keys=self._keys(scope, request_id),
-                                  args=[fingerprint, seed, holder, self.lease_ms, self.journal_ttl_ms, prompt_tokens])
+        reply = await self._begin(
+            keys=self._keys(scope, request_id),
+            args=[fingerprint, seed, holder, self.lease_ms, self.journal_ttl_ms, prompt_tokens],
+        )
         state = reply[0].decode()
         if state == "finished":
             return JournalEntry(state, result=reply[1])
         if state == "busy":
             return JournalEntry(state, lease_ms=max(0, int(reply[1])))
         if state == "resume":
-            return JournalEntry(state, seed=int(reply[1]), token_ids=unpack_tokens(reply[2]),
-                                text=reply[3].decode("utf-8", "surrogatepass"))
+            return JournalEntry(
+                state,
+                seed=int(reply[1]),
+                token_ids=unpack_tokens(reply[2]),
+                text=reply[3].decode("utf-8", "surrogatepass"),
+            )
         return JournalEntry(state)
 
-    async def begin_waiting(self, scope: str, request_id: str, fingerprint: str, seed: int, holder: str,
-                            prompt_tokens: int, wait_s: float) -> JournalEntry:
+    async def begin_waiting(
+        self, scope: str, request_id: str, fingerprint: str, seed: int, holder: str, prompt_tokens: int, wait_s: float
+    ) -> JournalEntry:
         """`begin`, retried while another coordinator holds the lease, for at most wait_s seconds."""
         deadline = asyncio.get_running_loop().time() + wait_s
         while True:
@@ -156,9 +165,18 @@ class RequestJournal:
     async def append(self, scope: str, request_id: str, holder: str, token_ids=(), text: str = "") -> bool:
         """Appends one round's tokens and text and refreshes the lease (a heartbeat when empty).
         False when `holder` lost the request to another coordinator."""
-        return bool(await self._append(keys=self._keys(scope, request_id), args=[
-            holder, self.lease_ms, self.journal_ttl_ms, pack_tokens(token_ids),
-            text.encode("utf-8", "surrogatepass")]))
+        return bool(
+            await self._append(
+                keys=self._keys(scope, request_id),
+                args=[
+                    holder,
+                    self.lease_ms,
+                    self.journal_ttl_ms,
+                    pack_tokens(token_ids),
+                    text.encode("utf-8", "surrogatepass"),
+                ],
+            )
+        )
 
     async def finish(self, scope: str, request_id: str, holder: str, result: bytes) -> bool:
         """Stores the whole result for result_ttl_s, drops the round log and frees the lease."""

@@ -36,7 +36,7 @@ class Guess:
     def sequence(self, committed: Sequence[int], block: Sequence[int]) -> list[int]:
         """The sequence the lane must hold to draft the next block under this guess."""
         guessed = [] if self.next_token is None else [self.next_token]
-        return [*committed, *block[:self.accepted], *guessed]
+        return [*committed, *block[: self.accepted], *guessed]
 
     def verdict(self, drafted: Sequence[int]) -> tuple[int, int] | None:
         """The verdict (accepted count, next token) this guess stands for, given what its lane drafted: "all
@@ -47,12 +47,15 @@ class Guess:
 
 
 def guesses(block: Sequence[int], alternatives: Sequence[Sequence[int]], per_position: int) -> list[Guess]:
-    """"All accepted" first, then rejections: the draft's most likely other token at every position, then its
+    """ "All accepted" first, then rejections: the draft's most likely other token at every position, then its
     second most likely at every position, and so on (per_position ranks); most useful first."""
     ranked = [Guess(len(block), None)]
     for rank in range(per_position):
-        ranked.extend(Guess(position, others[rank], rank + 1)
-                      for position, others in enumerate(alternatives[:len(block)]) if rank < len(others))
+        ranked.extend(
+            Guess(position, others[rank], rank + 1)
+            for position, others in enumerate(alternatives[: len(block)])
+            if rank < len(others)
+        )
     return ranked
 
 
@@ -100,11 +103,10 @@ class DraftLane:
         self.committed_len = committed_len
 
 
-def assign_lanes(ranked: Sequence[Guess], lanes: Sequence[DraftLane], block_lane: int
-                 ) -> list[tuple[Guess, DraftLane]]:
+def assign_lanes(ranked: Sequence[Guess], lanes: Sequence[DraftLane], block_lane: int) -> list[tuple[Guess, DraftLane]]:
     """A lane for each of the first len(lanes) guesses: "all accepted" continues the lane that drafted the block
     (it already holds it); the others take the other lanes, and that one too when "all accepted" is not chosen."""
-    ranked = ranked[:len(lanes)]
+    ranked = ranked[: len(lanes)]
     own = lanes[block_lane]
     others = [lane for lane in lanes if lane is not own]
     if all(guess.next_token is not None for guess in ranked):

@@ -54,8 +54,8 @@ class Predrafter:
         if gamma == 0:
             return self._chain_plain_step(block, round_span)
         candidates = guesses(block.token_ids, block.alternatives, plan.ranked_alternatives)
-        ranked = state.verdicts.rank(candidates)[:len(state.lanes)]
-        ranked = ranked[:self.sizing.guesses_that_fit(len(ranked), gamma, len(block.token_ids) + 1)]
+        ranked = state.verdicts.rank(candidates)[: len(state.lanes)]
+        ranked = ranked[: self.sizing.guesses_that_fit(len(ranked), gamma, len(block.token_ids) + 1)]
         calls: list[tuple[Guess, LaneCall]] = []
         for guess, lane in assign_lanes(ranked, state.lanes, block.lane):
             size = self.sizing.block_size(guess.accepted + 1, gamma)
@@ -80,8 +80,9 @@ class Predrafter:
                 if verdict is not None and block.token_ids:
                     candidates.append(Candidate(*verdict, block))
             if plan.chain_rounds and (candidates or pending.plain_on_miss):
-                pending.next_round = self._start_verify_next(after_base_len, candidates, pending.plain_on_miss,
-                                                             round_span)
+                pending.next_round = self._start_verify_next(
+                    after_base_len, candidates, pending.plain_on_miss, round_span
+                )
             return candidates
 
         pending = Predraft([guess for guess, _ in calls], plain_on_miss=not self.sizing.fresh_draft_pays(gamma))
@@ -112,12 +113,16 @@ class Predrafter:
             return verifier_pb2.NextCallHint(after_any_verdict=True)
         if predraft is None:
             return verifier_pb2.NextCallHint(after_any_verdict=plan.overlap and not block.token_ids)
-        return verifier_pb2.NextCallHint(after_verdicts=[
-            verifier_pb2.GuessedVerdict(num_accepted=guess.accepted, next_token_id=guess.next_token)
-            for guess in predraft.guesses])
+        return verifier_pb2.NextCallHint(
+            after_verdicts=[
+                verifier_pb2.GuessedVerdict(num_accepted=guess.accepted, next_token_id=guess.next_token)
+                for guess in predraft.guesses
+            ]
+        )
 
-    async def next_round(self, predraft: Predraft | None, verdict: verifier_pb2.VerifyResponse
-                         ) -> tuple[DraftBlock | None, ChainedRound | None]:
+    async def next_round(
+        self, predraft: Predraft | None, verdict: verifier_pb2.VerifyResponse
+    ) -> tuple[DraftBlock | None, ChainedRound | None]:
         """The next block: the pre-drafted one the verdict selects, or a plain step if the pre-draft says so, or
         None (draft afresh); with the VerifyNext call that has the verifier run it already (chained mode)."""
         if predraft is None:
@@ -135,8 +140,9 @@ class Predrafter:
             return None, None  # the verifier runs none of them either
         return block, ChainedRound(predraft.next_round, index) if predraft.next_round is not None else None
 
-    def _start_verify_next(self, after_base_len: int, candidates: Sequence[Candidate], plain_otherwise: bool,
-                           round_span: Context) -> asyncio.Future:
+    def _start_verify_next(
+        self, after_base_len: int, candidates: Sequence[Candidate], plain_otherwise: bool, round_span: Context
+    ) -> asyncio.Future:
         """Sends RoundCalls.verify_next in the background; -> VerifyNextResponse."""
         call = asyncio.ensure_future(self.calls.verify_next(after_base_len, candidates, plain_otherwise, round_span))
         call.add_done_callback(_retrieve_error)  # it may end unawaited (request over)

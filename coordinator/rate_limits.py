@@ -54,21 +54,26 @@ class RateLimiter:
         self._take = client.register_script(TAKE_SCRIPT)
 
     async def _run(self, key: ApiKey, requests: int, tokens: int) -> list[int]:
-        return await self._take(keys=[self.keys.rate(key.key_id, b) for b in BUCKETS],
-                                args=[key.requests_per_minute, key.tokens_per_minute, requests, tokens])
+        return await self._take(
+            keys=[self.keys.rate(key.key_id, b) for b in BUCKETS],
+            args=[key.requests_per_minute, key.tokens_per_minute, requests, tokens],
+        )
 
     async def take(self, key: ApiKey, tokens: int) -> None:
         """One request costing `tokens`, or CapacityError naming the limit and the wait."""
         if not key.requests_per_minute and not key.tokens_per_minute:
             return
         if key.tokens_per_minute and tokens > key.tokens_per_minute:
-            raise CapacityError(f"rate limit: this request needs {tokens} tokens (prompt + max_new_tokens), more "
-                                f"than key {key.name!r} may use per minute ({key.tokens_per_minute})")
+            raise CapacityError(
+                f"rate limit: this request needs {tokens} tokens (prompt + max_new_tokens), more "
+                f"than key {key.name!r} may use per minute ({key.tokens_per_minute})"
+            )
         refused, wait_ms = await self._run(key, 1, tokens)
         if refused:
-            limit = (f"{key.requests_per_minute} requests" if refused == 1 else f"{key.tokens_per_minute} tokens")
-            raise CapacityError(f"rate limit: key {key.name!r} is over its {limit} per minute; "
-                                f"retry in {wait_ms / 1000:.1f}s")
+            limit = f"{key.requests_per_minute} requests" if refused == 1 else f"{key.tokens_per_minute} tokens"
+            raise CapacityError(
+                f"rate limit: key {key.name!r} is over its {limit} per minute; retry in {wait_ms / 1000:.1f}s"
+            )
 
     async def refund(self, key: ApiKey, tokens: int) -> None:
         """Gives back tokens a request reserved but did not use."""

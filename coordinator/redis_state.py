@@ -35,8 +35,9 @@ def describe_url(url: str) -> str:
 
 def connect(url: str, timeout_s: float) -> redis.asyncio.Redis:
     """An asyncio client that fails fast: one reconnect attempt, no backoff, `timeout_s` per call."""
-    return redis.asyncio.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                        retry=Retry(NoBackoff(), 1))
+    return redis.asyncio.Redis.from_url(
+        url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 1)
+    )
 
 
 def connect_sync(url: str, timeout_s: float = 5.0) -> redis.Redis:

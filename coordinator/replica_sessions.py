@@ -29,8 +29,14 @@ FAILED_DRAFTER_CLOSE_TIMEOUT_S = 2.0
 class ReplicaSessions:
     """A request's sessions on one draft and one verify replica, and the calls to them."""
 
-    def __init__(self, state: GenerationState, draft: Replica | None, verify: Replica, call_timeout_s: float,
-                 on_draft_unavailable: Callable[[Replica], None] | None = None):
+    def __init__(
+        self,
+        state: GenerationState,
+        draft: Replica | None,
+        verify: Replica,
+        call_timeout_s: float,
+        on_draft_unavailable: Callable[[Replica], None] | None = None,
+    ):
         self.state = state
         self.draft = draft if state.plan.gamma > 0 else None  # None once the drafter failed: plain decoding
         self._draft_holding_session = self.draft  # still closed at the end if the drafter fails mid-request
@@ -44,13 +50,33 @@ class ReplicaSessions:
         started = time.perf_counter_ns()
         sampling = sampling_to_proto(plan.params)
         with state.telemetry.stage("open_sessions") as parent:
-            calls = [self._open(self.verify, "verify", parent, verifier_pb2.OpenVerifySessionRequest(
-                session_id=plan.request_id, prompt_token_ids=plan.prompt_ids, sampling=sampling))]
+            calls = [
+                self._open(
+                    self.verify,
+                    "verify",
+                    parent,
+                    verifier_pb2.OpenVerifySessionRequest(
+                        session_id=plan.request_id, prompt_token_ids=plan.prompt_ids, sampling=sampling
+                    ),
+                )
+            ]
             if self.draft is not None:
-                calls.append(self.without_draft_on_failure(self._open(
-                    self.draft, "draft", parent, drafter_pb2.OpenDraftSessionRequest(
-                        session_id=plan.request_id, prompt_token_ids=plan.prompt_ids, sampling=sampling,
-                        draft_method=plan.draft_method, num_lanes=len(state.lanes)))))
+                calls.append(
+                    self.without_draft_on_failure(
+                        self._open(
+                            self.draft,
+                            "draft",
+                            parent,
+                            drafter_pb2.OpenDraftSessionRequest(
+                                session_id=plan.request_id,
+                                prompt_token_ids=plan.prompt_ids,
+                                sampling=sampling,
+                                draft_method=plan.draft_method,
+                                num_lanes=len(state.lanes),
+                            ),
+                        )
+                    )
+                )
             await asyncio.gather(*calls)
         state.stats.prefill_ns = time.perf_counter_ns() - started
         state.metrics.stage_ns(prefill=state.stats.prefill_ns)
@@ -65,21 +91,28 @@ class ReplicaSessions:
         slow): there with a short deadline, since it already failed once."""
         telemetry = self.state.telemetry
         request = common_pb2.CloseSessionRequest(session_id=self.state.plan.request_id)
-        replicas = [(r, lane) for r, lane in ((self.verify, "verify"), (self._draft_holding_session, "draft"))
-                    if r is not None]
+        replicas = [
+            (r, lane) for r, lane in ((self.verify, "verify"), (self._draft_holding_session, "draft")) if r is not None
+        ]
 
         async def close(replica: Replica, lane: str, parent: Context) -> None:
             failed_drafter = lane == "draft" and self.draft is None
             with telemetry.remote_call(f"{lane}.close_session", parent):
-                await replica.stub.CloseSession(request, timeout=min(self.timeout, FAILED_DRAFTER_CLOSE_TIMEOUT_S)
-                                                if failed_drafter else self.timeout)
+                await replica.stub.CloseSession(
+                    request,
+                    timeout=min(self.timeout, FAILED_DRAFTER_CLOSE_TIMEOUT_S) if failed_drafter else self.timeout,
+                )
 
         with telemetry.stage("close_sessions") as parent:
             results = await asyncio.gather(*(close(r, lane, parent) for r, lane in replicas), return_exceptions=True)
         for (replica, _), result in zip(replicas, results):
             if isinstance(result, Exception):
-                log.warning("request %s: closing its session on %s failed: %s", self.state.plan.request_id,
-                            replica.address, result)
+                log.warning(
+                    "request %s: closing its session on %s failed: %s",
+                    self.state.plan.request_id,
+                    replica.address,
+                    result,
+                )
 
     async def without_draft_on_failure(self, call: Awaitable[T]) -> T | None:
         """Runs a drafter call; if the drafter fails (gone, past its deadline, lost the session), the request
@@ -91,8 +124,12 @@ class ReplicaSessions:
             if isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise  # the request itself is wrong (e.g. a draft method this drafter does not serve)
             if self.draft is draft and draft is not None:
-                log.warning("request %s: drafter %s failed (%s); finishing by plain decoding",
-                            self.state.plan.request_id, draft.address, error)
+                log.warning(
+                    "request %s: drafter %s failed (%s); finishing by plain decoding",
+                    self.state.plan.request_id,
+                    draft.address,
+                    error,
+                )
                 self.draft = None
                 self.state.stats.draft_fallbacks += 1
                 if isinstance(error, DownstreamUnavailableError) and self.on_draft_unavailable is not None:
@@ -105,6 +142,7 @@ class ReplicaSessions:
             return await getattr(replica.stub, method)(request, timeout=self.timeout)
         except grpc.aio.AioRpcError as error:
             if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise DownstreamUnavailableError(f"{replica.address} {method}: {error.code().name}: "
-                                                 f"{error.details()}") from error
+                raise DownstreamUnavailableError(
+                    f"{replica.address} {method}: {error.code().name}: {error.details()}"
+                ) from error
             raise

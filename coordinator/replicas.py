@@ -15,8 +15,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from coordinator.speculation_policy import PassLoad
 from specdec.errors import DownstreamUnavailableError
 from specdec.grpc_options import channel_options
-from specdec.telemetry.grpc_telemetry import trace_context_interceptors
 from specdec.step_cost import StepCost
+from specdec.telemetry.grpc_telemetry import trace_context_interceptors
 from specdec.tls import open_aio_channel
 from specdec.v1 import common_pb2
 
@@ -56,16 +56,23 @@ class ReplicaPool(Generic[StubT]):
     """Spreads sessions over replicas by load (fewest active sessions); a session stays on its replica.
     Channels use TLS when given credentials (specdec/tls.py)."""
 
-    def __init__(self, kind: str, addresses: Sequence[str], make_stub: Callable[[grpc.aio.Channel], StubT],
-                 credentials: grpc.ChannelCredentials | None = None, options: Sequence[tuple[str, str]] = ()):
+    def __init__(
+        self,
+        kind: str,
+        addresses: Sequence[str],
+        make_stub: Callable[[grpc.aio.Channel], StubT],
+        credentials: grpc.ChannelCredentials | None = None,
+        options: Sequence[tuple[str, str]] = (),
+    ):
         if not addresses:
             raise ValueError(f"{kind}_replicas: at least one address is needed")
         self.kind = kind
         self._probes: set[asyncio.Future] = set()
         self.replicas: list[Replica[StubT]] = []
         for address in expand_addresses(addresses):
-            channel = open_aio_channel(address, credentials, [*channel_options(), *options],
-                                       interceptors=trace_context_interceptors())
+            channel = open_aio_channel(
+                address, credentials, [*channel_options(), *options], interceptors=trace_context_interceptors()
+            )
             self.replicas.append(Replica(address, channel, make_stub(channel)))
 
     def acquire(self, required: bool = True) -> Replica[StubT] | None:
@@ -83,8 +90,9 @@ class ReplicaPool(Generic[StubT]):
         if not replica.healthy:
             return
         replica.healthy = False
-        log.warning("%s replica %s marked unhealthy; probing it every %.0fs", self.kind, replica.address,
-                    probe_interval_s)
+        log.warning(
+            "%s replica %s marked unhealthy; probing it every %.0fs", self.kind, replica.address, probe_interval_s
+        )
 
         async def probe() -> None:
             health = health_pb2_grpc.HealthStub(replica.channel)
@@ -106,6 +114,7 @@ class ReplicaPool(Generic[StubT]):
 
     async def wait_ready(self, timeout_s: float) -> None:
         """Waits until every replica answers Info (fetching it), or raises DownstreamUnavailableError."""
+
         async def one(replica: Replica[StubT]) -> None:
             deadline = asyncio.get_running_loop().time() + timeout_s
             health = health_pb2_grpc.HealthStub(replica.channel)
@@ -114,13 +123,15 @@ class ReplicaPool(Generic[StubT]):
                     status = await health.Check(health_pb2.HealthCheckRequest(), timeout=5)
                     if status.status == health_pb2.HealthCheckResponse.SERVING:
                         replica.info = await replica.stub.Info(common_pb2.InfoRequest(), timeout=5)
-                        replica.load = PassLoad(StepCost(replica.info.step_cost_fixed_ns,
-                                                         replica.info.step_cost_per_token_ns))
+                        replica.load = PassLoad(
+                            StepCost(replica.info.step_cost_fixed_ns, replica.info.step_cost_per_token_ns)
+                        )
                         return
                 except grpc.aio.AioRpcError as error:
                     if asyncio.get_running_loop().time() > deadline:
                         raise DownstreamUnavailableError(
-                            f"{self.kind} replica {replica.address} not ready after {timeout_s:.0f}s: {error.code().name}"
+                            f"{self.kind} replica {replica.address} not ready after {timeout_s:.0f}s: "
+                            f"{error.code().name}"
                         ) from None
                 await asyncio.sleep(0.5)
 

@@ -51,12 +51,16 @@ def check_limits(plan: GenerationPlan, settings: CoordinatorSettings) -> None:
     """The deployment's size limits (beyond the context, which validation checks): RESOURCE_EXHAUSTED."""
     prompt = len(plan.prompt_ids)
     if settings.max_prompt_tokens and prompt > settings.max_prompt_tokens:
-        raise CapacityError(f"prompt: {prompt} tokens, more than this server's limit of "
-                            f"{settings.max_prompt_tokens} (max_prompt_tokens)")
+        raise CapacityError(
+            f"prompt: {prompt} tokens, more than this server's limit of "
+            f"{settings.max_prompt_tokens} (max_prompt_tokens)"
+        )
     total = prompt + plan.max_new_tokens
     if settings.max_total_tokens and total > settings.max_total_tokens:
-        raise CapacityError(f"max_new_tokens: prompt ({prompt}) + max_new_tokens ({plan.max_new_tokens}) = {total} "
-                            f"tokens, more than this server's limit of {settings.max_total_tokens} (max_total_tokens)")
+        raise CapacityError(
+            f"max_new_tokens: prompt ({prompt}) + max_new_tokens ({plan.max_new_tokens}) = {total} "
+            f"tokens, more than this server's limit of {settings.max_total_tokens} (max_total_tokens)"
+        )
 
 
 def fingerprint(request: coordinator_pb2.GenerateRequest) -> str:
@@ -75,8 +79,13 @@ def new_coordinator_id() -> str:
 class RequestGuard:
     """Shared by all requests of one coordinator; without Redis it only enforces the size limits."""
 
-    def __init__(self, settings: CoordinatorSettings, client: redis.asyncio.Redis | None = None,
-                 registry: SessionRegistry | None = None, coordinator_id: str | None = None):
+    def __init__(
+        self,
+        settings: CoordinatorSettings,
+        client: redis.asyncio.Redis | None = None,
+        registry: SessionRegistry | None = None,
+        coordinator_id: str | None = None,
+    ):
         if settings.require_api_key and client is None:
             raise ValueError("require_api_key: API keys live in Redis, set redis_url too")
         self.settings = settings
@@ -85,8 +94,11 @@ class RequestGuard:
         self.coordinator_id = coordinator_id or new_coordinator_id()
         keys = RedisKeys(settings.redis_key_prefix)
         self.keys = keys
-        self.journal = (RequestJournal(client, keys, settings.lease_s, settings.journal_ttl_s, settings.result_ttl_s)
-                        if client is not None else None)
+        self.journal = (
+            RequestJournal(client, keys, settings.lease_s, settings.journal_ttl_s, settings.result_ttl_s)
+            if client is not None
+            else None
+        )
         self.rate_limiter = RateLimiter(client, keys) if client is not None else None
         self._registry_task: asyncio.Future | None = None
 
@@ -97,12 +109,23 @@ class RequestGuard:
             return cls(settings)
         client = connect(settings.redis_url, settings.redis_timeout_s)
         coordinator_id = new_coordinator_id()
-        registry = SessionRegistry(client, RedisKeys(settings.redis_key_prefix), coordinator_id, pools,
-                                   settings.registry_ttl_s, settings.registry_refresh_s, settings.call_timeout_s)
+        registry = SessionRegistry(
+            client,
+            RedisKeys(settings.redis_key_prefix),
+            coordinator_id,
+            pools,
+            settings.registry_ttl_s,
+            settings.registry_refresh_s,
+            settings.call_timeout_s,
+        )
         guard = cls(settings, client, registry, coordinator_id)
         guard._registry_task = asyncio.ensure_future(registry.run())
-        log.info("Redis at %s: journal on, API keys %s, coordinator id %s", describe_url(settings.redis_url),
-                 "required" if settings.require_api_key else "not required", coordinator_id)
+        log.info(
+            "Redis at %s: journal on, API keys %s, coordinator id %s",
+            describe_url(settings.redis_url),
+            "required" if settings.require_api_key else "not required",
+            coordinator_id,
+        )
         return guard
 
     def interceptors(self) -> list:
@@ -112,8 +135,9 @@ class RequestGuard:
         return [ApiKeyInterceptor(ApiKeyStore(self.client, self.keys), describe_url(self.settings.redis_url))]
 
     @contextlib.asynccontextmanager
-    async def admit(self, request: coordinator_pb2.GenerateRequest,
-                    plan: GenerationPlan) -> AsyncIterator[GuardedRequest]:
+    async def admit(
+        self, request: coordinator_pb2.GenerateRequest, plan: GenerationPlan
+    ) -> AsyncIterator[GuardedRequest]:
         check_limits(plan, self.settings)
         guarded = GuardedRequest(self, request, plan, current_api_key())
         try:
@@ -134,8 +158,9 @@ class RequestGuard:
 class GuardedRequest:
     """One admitted request: the plan to run (after a resume: the rest of it) and its journal."""
 
-    def __init__(self, guard: RequestGuard, request: coordinator_pb2.GenerateRequest, plan: GenerationPlan,
-                 key: ApiKey | None):
+    def __init__(
+        self, guard: RequestGuard, request: coordinator_pb2.GenerateRequest, plan: GenerationPlan, key: ApiKey | None
+    ):
         self.guard = guard
         self.request = request
         self.plan = plan
@@ -166,8 +191,9 @@ class GuardedRequest:
             try:
                 await guard.rate_limiter.take(self.key, tokens)
             except redis.exceptions.RedisError as error:
-                raise DownstreamUnavailableError(f"rate-limit store (Redis) unreachable, refusing calls until it "
-                                                 f"is back: {type(error).__name__}") from None
+                raise DownstreamUnavailableError(
+                    f"rate-limit store (Redis) unreachable, refusing calls until it is back: {type(error).__name__}"
+                ) from None
             self.reserved_tokens = tokens
         if self.replay is None and guard.registry is not None:
             await guard.registry.add(self.plan.request_id)
@@ -178,44 +204,73 @@ class GuardedRequest:
     async def _begin_journal(self) -> None:
         guard, plan = self.guard, self.plan
         try:
-            entry = await guard.journal.begin_waiting(self.scope, self.request_id, fingerprint(self.request),
-                                                      plan.params.seed, self.holder, self.prompt_tokens,
-                                                      guard.settings.lease_wait_s)
+            entry = await guard.journal.begin_waiting(
+                self.scope,
+                self.request_id,
+                fingerprint(self.request),
+                plan.params.seed,
+                self.holder,
+                self.prompt_tokens,
+                guard.settings.lease_wait_s,
+            )
         except redis.exceptions.RedisError as error:
-            log.warning("request %s: journal unavailable (Redis: %s); running it without one (a retry after a "
-                        "crash starts over)", self.request_id, error)
+            log.warning(
+                "request %s: journal unavailable (Redis: %s); running it without one (a retry after a "
+                "crash starts over)",
+                self.request_id,
+                error,
+            )
             return
         if entry.state == "conflict":
-            raise InvalidFieldError("request_id", f"{self.request_id!r} was used for a different request; "
-                                    "use a new id for a new request")
+            raise InvalidFieldError(
+                "request_id", f"{self.request_id!r} was used for a different request; use a new id for a new request"
+            )
         if entry.state == "busy":
-            raise RequestInProgressError(f"request_id: {self.request_id!r} is running on another coordinator "
-                                         f"(its lease runs {entry.lease_ms / 1000:.1f}s more); retry later")
+            raise RequestInProgressError(
+                f"request_id: {self.request_id!r} is running on another coordinator "
+                f"(its lease runs {entry.lease_ms / 1000:.1f}s more); retry later"
+            )
         if entry.state == "finished":
             self.replay = coordinator_pb2.GenerateStreamResponse.FromString(entry.result)
             return
         self.journaling = True
         remaining = plan.max_new_tokens - len(entry.token_ids)
         if entry.state == "resume" and entry.token_ids and remaining > 0:
-            log.info("request %s: resuming after %d journaled tokens (seed %d)", self.request_id,
-                     len(entry.token_ids), entry.seed)
+            log.info(
+                "request %s: resuming after %d journaled tokens (seed %d)",
+                self.request_id,
+                len(entry.token_ids),
+                entry.seed,
+            )
             self.resumed_tokens = len(entry.token_ids)
             self.sent_ids, self.sent_text = list(entry.token_ids), [entry.text]
-            self.plan = dataclasses.replace(plan, prompt_ids=[*plan.prompt_ids, *entry.token_ids],
-                                            max_new_tokens=remaining,
-                                            params=dataclasses.replace(plan.params, seed=entry.seed))
+            self.plan = dataclasses.replace(
+                plan,
+                prompt_ids=[*plan.prompt_ids, *entry.token_ids],
+                max_new_tokens=remaining,
+                params=dataclasses.replace(plan.params, seed=entry.seed),
+            )
         elif entry.state == "resume" and entry.token_ids:  # the whole budget is journaled: nothing left to run
             self.replay = coordinator_pb2.GenerateStreamResponse(
-                text=entry.text, token_ids=entry.token_ids, finish_reason=coordinator_pb2.FINISH_REASON_LENGTH)
+                text=entry.text, token_ids=entry.token_ids, finish_reason=coordinator_pb2.FINISH_REASON_LENGTH
+            )
 
-    def text_stream(self, tokenizer: PreTrainedTokenizerBase, eos_token_ids: Collection[int],
-                    stop: Sequence[str]) -> TextStream:
+    def text_stream(
+        self, tokenizer: PreTrainedTokenizerBase, eos_token_ids: Collection[int], stop: Sequence[str]
+    ) -> TextStream:
         """The request's TextStream, already holding the journaled tokens and text of a resumed request."""
-        return TextStream(tokenizer, eos_token_ids, list(stop), self.request.max_new_tokens,
-                          token_ids=list(self.sent_ids), emitted_chars=len("".join(self.sent_text)))
+        return TextStream(
+            tokenizer,
+            eos_token_ids,
+            list(stop),
+            self.request.max_new_tokens,
+            token_ids=list(self.sent_ids),
+            emitted_chars=len("".join(self.sent_text)),
+        )
 
-    async def replies(self, inner: AsyncIterator[coordinator_pb2.GenerateStreamResponse]
-                      ) -> AsyncIterator[coordinator_pb2.GenerateStreamResponse]:
+    async def replies(
+        self, inner: AsyncIterator[coordinator_pb2.GenerateStreamResponse]
+    ) -> AsyncIterator[coordinator_pb2.GenerateStreamResponse]:
         """The client's replies: a stored result, or the journaled part and then `inner`, each reply journaled
         before it is yielded."""
         async with contextlib.aclosing(inner):
@@ -228,8 +283,9 @@ class GuardedRequest:
                 yield reply
                 return
             if self.resumed_tokens:
-                yield coordinator_pb2.GenerateStreamResponse(text=self.sent_text[0], token_ids=self.sent_ids,
-                                                             request_id=self.request_id)
+                yield coordinator_pb2.GenerateStreamResponse(
+                    text=self.sent_text[0], token_ids=self.sent_ids, request_id=self.request_id
+                )
             async for reply in inner:
                 reply.request_id = self.request_id
                 if self.resumed_tokens and reply.HasField("stats"):
@@ -247,20 +303,28 @@ class GuardedRequest:
         try:
             if reply.finish_reason:
                 result = coordinator_pb2.GenerateStreamResponse(
-                    text="".join(self.sent_text), token_ids=self.sent_ids, finish_reason=reply.finish_reason,
-                    request_id=self.request_id, stats=reply.stats if reply.HasField("stats") else None)
+                    text="".join(self.sent_text),
+                    token_ids=self.sent_ids,
+                    finish_reason=reply.finish_reason,
+                    request_id=self.request_id,
+                    stats=reply.stats if reply.HasField("stats") else None,
+                )
                 self.journaling = False
                 if not await journal.finish(self.scope, self.request_id, self.holder, result.SerializeToString()):
-                    log.warning("request %s: another coordinator took it over; not storing this result",
-                                self.request_id)
+                    log.warning(
+                        "request %s: another coordinator took it over; not storing this result", self.request_id
+                    )
             elif not await journal.append(self.scope, self.request_id, self.holder, reply.token_ids, reply.text):
                 self.journaling = False
-                raise RequestInProgressError(f"request_id: {self.request_id!r} was taken over by another "
-                                             "coordinator (this one lost its lease); retry to get the result")
+                raise RequestInProgressError(
+                    f"request_id: {self.request_id!r} was taken over by another "
+                    "coordinator (this one lost its lease); retry to get the result"
+                )
         except redis.exceptions.RedisError as error:
             self.journaling = False
-            log.warning("request %s: journal write failed (Redis: %s); continuing without the journal",
-                        self.request_id, error)
+            log.warning(
+                "request %s: journal write failed (Redis: %s); continuing without the journal", self.request_id, error
+            )
 
     async def _beat(self) -> None:
         """Keeps the lease alive between rounds (a long prefill or a slow round must not lose it)."""
@@ -284,7 +348,6 @@ class GuardedRequest:
             if self.reserved_tokens:
                 await guard.rate_limiter.refund(self.key, self.plan.max_new_tokens - self.generated)
         except redis.exceptions.RedisError as error:
-            log.warning("request %s: could not release its lease or refund tokens (Redis: %s)", self.request_id,
-                        error)
+            log.warning("request %s: could not release its lease or refund tokens (Redis: %s)", self.request_id, error)
         if self._session_recorded:
             await guard.registry.remove(self.plan.request_id)

@@ -89,11 +89,17 @@ class RequestTelemetry:
         """The request span, from the request's arrival until its sessions are closed."""
         self.metrics.prompt_tokens.inc(prompt_tokens)
         self.metrics.active_requests.inc()
-        span = self.tracer.start_span("generate", context=self.context, start_time=self.started_wall_ns,
-                                      attributes={"specdec.request_id": request_id,
-                                                  "specdec.prompt_tokens": prompt_tokens,
-                                                  "specdec.num_speculative_tokens": gamma,
-                                                  "specdec.overlap": overlap})
+        span = self.tracer.start_span(
+            "generate",
+            context=self.context,
+            start_time=self.started_wall_ns,
+            attributes={
+                "specdec.request_id": request_id,
+                "specdec.prompt_tokens": prompt_tokens,
+                "specdec.num_speculative_tokens": gamma,
+                "specdec.overlap": overlap,
+            },
+        )
         self.request_span, self.context = span, trace.set_span_in_context(span, self.context)
         try:
             with _ending(span):
@@ -105,15 +111,18 @@ class RequestTelemetry:
         """The generation ended: counts it by finish reason and notes the summary on the request span."""
         self.metrics.finished.labels(finish_reason).inc()
         if self.request_span is not None:
-            self.request_span.set_attributes({"specdec.finish_reason": finish_reason,
-                                              **{f"specdec.{k}": v for k, v in summary.items()}})
+            self.request_span.set_attributes(
+                {"specdec.finish_reason": finish_reason, **{f"specdec.{k}": v for k, v in summary.items()}}
+            )
 
     @contextlib.contextmanager
-    def stage(self, name: str, parent: otel_context.Context | None = None,
-              **attributes) -> Iterator[otel_context.Context]:
+    def stage(
+        self, name: str, parent: otel_context.Context | None = None, **attributes
+    ) -> Iterator[otel_context.Context]:
         """A coordinator span under `parent` (default: the request span); yields its context for children."""
-        span = self.tracer.start_span(name, context=parent or self.context,
-                                      attributes={f"specdec.{k}": v for k, v in attributes.items()} or None)
+        span = self.tracer.start_span(
+            name, context=parent or self.context, attributes={f"specdec.{k}": v for k, v in attributes.items()} or None
+        )
         with _ending(span):
             yield trace.set_span_in_context(span)
 
@@ -129,8 +138,13 @@ class RequestTelemetry:
         On exit the stages recorded with `call.inside(...)` and the wire time become child spans.
         """
         started_ns, started_wall = time.perf_counter_ns(), time.time_ns()
-        span = self.tracer.start_span(name, context=parent, kind=SpanKind.CLIENT, start_time=started_wall,
-                                      attributes={f"specdec.{k}": v for k, v in attributes.items()} or None)
+        span = self.tracer.start_span(
+            name,
+            context=parent,
+            kind=SpanKind.CLIENT,
+            start_time=started_wall,
+            attributes={f"specdec.{k}": v for k, v in attributes.items()} or None,
+        )
         call = RemoteCall(span, started_ns, started_wall)
         with _ending(span, lambda: started_wall + (call.ended_ns - started_ns)):
             try:

@@ -24,8 +24,11 @@ class DraftBlock:
         probs = None
         if self.probs is not None and self.probs.rows:
             row_bytes = self.probs.vocab_size * 4
-            probs = common_pb2.ProbabilityMatrix(rows=self.probs.rows - 1, vocab_size=self.probs.vocab_size,
-                                                 float32_data=self.probs.float32_data[row_bytes:])
+            probs = common_pb2.ProbabilityMatrix(
+                rows=self.probs.rows - 1,
+                vocab_size=self.probs.vocab_size,
+                float32_data=self.probs.float32_data[row_bytes:],
+            )
         return DraftBlock(self.token_ids[1:], probs, self.alternatives[1:], self.lane)
 
     @classmethod
@@ -34,7 +37,7 @@ class DraftBlock:
         probs = reply.draft_probs if reply.HasField("draft_probs") and reply.draft_probs.rows else None
         tokens = list(reply.draft_token_ids)
         width = len(reply.alternative_token_ids) // len(tokens) if tokens else 0
-        alternatives = [list(reply.alternative_token_ids[i * width:(i + 1) * width]) for i in range(len(tokens))]
+        alternatives = [list(reply.alternative_token_ids[i * width : (i + 1) * width]) for i in range(len(tokens))]
         return cls(tokens, probs, alternatives if width else [], lane)
 
 

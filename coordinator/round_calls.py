@@ -27,28 +27,38 @@ class RoundCalls:
         self.state = state
         self.sessions = sessions
 
-    async def propose(self, calls: Sequence[LaneCall], round_span: Context, predraft: bool = False
-                      ) -> list[DraftBlock]:
+    async def propose(self, calls: Sequence[LaneCall], round_span: Context, predraft: bool = False) -> list[DraftBlock]:
         """Syncs and drafts the given lanes in one ProposeLanes call; empty blocks when the drafter has failed
         (the round becomes a plain step)."""
         blocks = await self.sessions.without_draft_on_failure(self._propose_on_drafter(calls, round_span, predraft))
         return blocks if blocks is not None else [DraftBlock([], None) for _ in calls]
 
-    async def _propose_on_drafter(self, calls: Sequence[LaneCall], round_span: Context,
-                                  predraft: bool) -> list[DraftBlock]:
+    async def _propose_on_drafter(
+        self, calls: Sequence[LaneCall], round_span: Context, predraft: bool
+    ) -> list[DraftBlock]:
         draft, committed_len = self.sessions.draft, len(self.state.committed)
         alternatives = self.state.plan.ranked_alternatives
         proposals = []
         for call in calls:
             base_len, appended = call.lane.sync_to(call.sequence)
-            proposals.append(drafter_pb2.LaneProposal(
-                lane=call.lane.index, base_len=base_len, appended_token_ids=appended,
-                num_speculative_tokens=call.num_tokens, num_alternatives=alternatives))
+            proposals.append(
+                drafter_pb2.LaneProposal(
+                    lane=call.lane.index,
+                    base_len=base_len,
+                    appended_token_ids=appended,
+                    num_speculative_tokens=call.num_tokens,
+                    num_alternatives=alternatives,
+                )
+            )
         steps = max(call.num_tokens for call in calls)
-        with self.state.telemetry.remote_call("draft.propose", round_span, base_len=committed_len, num_tokens=steps,
-                                              lanes=len(calls), predraft=predraft) as remote:
-            reply = await self.sessions.call(draft, "ProposeLanes", drafter_pb2.ProposeLanesRequest(
-                session_id=self.state.plan.request_id, lanes=proposals))
+        with self.state.telemetry.remote_call(
+            "draft.propose", round_span, base_len=committed_len, num_tokens=steps, lanes=len(calls), predraft=predraft
+        ) as remote:
+            reply = await self.sessions.call(
+                draft,
+                "ProposeLanes",
+                drafter_pb2.ProposeLanesRequest(session_id=self.state.plan.request_id, lanes=proposals),
+            )
             draft_ns = reply.lanes[0].draft_ns if reply.lanes else 0
             remote.inside("draft.forward", "draft", draft_ns)
         self._count_call("draft", remote, draft=draft_ns)
@@ -61,18 +71,32 @@ class RoundCalls:
             call.lane.synced(call.sequence, block.token_ids, committed_len)
         return blocks
 
-    async def verify(self, block: DraftBlock, round_span: Context, next_call: verifier_pb2.NextCallHint,
-                     chained: ChainedRound | None = None) -> verifier_pb2.VerifyResponse:
+    async def verify(
+        self,
+        block: DraftBlock,
+        round_span: Context,
+        next_call: verifier_pb2.NextCallHint,
+        chained: ChainedRound | None = None,
+    ) -> verifier_pb2.VerifyResponse:
         """Verifies `block` (already running on the verifier when chained) and records the call."""
         state, verifier = self.state, self.sessions.verify
-        with state.telemetry.remote_call("verify", round_span, base_len=len(state.committed),
-                                         num_tokens=len(block.token_ids)) as call:
+        with state.telemetry.remote_call(
+            "verify", round_span, base_len=len(state.committed), num_tokens=len(block.token_ids)
+        ) as call:
             reply = await self._chained_verdict(chained) if chained is not None else None
             call.span.set_attribute("specdec.chained", reply is not None)
             if reply is None:
-                reply = await self.sessions.call(verifier, "Verify", verifier_pb2.VerifyRequest(
-                    session_id=state.plan.request_id, base_len=len(state.committed), draft_token_ids=block.token_ids,
-                    draft_probs=block.probs, next_call=next_call))
+                reply = await self.sessions.call(
+                    verifier,
+                    "Verify",
+                    verifier_pb2.VerifyRequest(
+                        session_id=state.plan.request_id,
+                        base_len=len(state.committed),
+                        draft_token_ids=block.token_ids,
+                        draft_probs=block.probs,
+                        next_call=next_call,
+                    ),
+                )
             call.inside("verify.forward", "verify", reply.forward_ns)
             call.inside("verify.sampling", "verify", reply.sampling_ns)
         self._count_call("verify", call, verify=reply.forward_ns, sampling=reply.sampling_ns)
@@ -81,18 +105,38 @@ class RoundCalls:
             verifier.load.observe_call(call.wire_ns)
         return reply
 
-    async def verify_next(self, after_base_len: int, candidates: Sequence[Candidate], plain_otherwise: bool,
-                          round_span: Context) -> verifier_pb2.VerifyNextResponse:
+    async def verify_next(
+        self, after_base_len: int, candidates: Sequence[Candidate], plain_otherwise: bool, round_span: Context
+    ) -> verifier_pb2.VerifyNextResponse:
         """Hands the verifier the candidate next rounds: it runs the one its pending verdict selects. The call's
         span sits in the round it was sent in; the round it runs records its verdict (`verify`, chained)."""
-        with self.state.telemetry.remote_call("verify_next", round_span, after_base_len=after_base_len,
-                                              candidates=len(candidates), plain_otherwise=plain_otherwise):
-            return await self.sessions.call(self.sessions.verify, "VerifyNext", verifier_pb2.VerifyNextRequest(
-                session_id=self.state.plan.request_id, after_base_len=after_base_len, rounds=[
-                    verifier_pb2.GuessedRound(
-                        verdict=verifier_pb2.GuessedVerdict(num_accepted=c.num_accepted, next_token_id=c.next_token),
-                        draft_token_ids=c.block.token_ids, draft_probs=c.block.probs) for c in candidates],
-                plain_otherwise=plain_otherwise, next_call=verifier_pb2.NextCallHint(after_any_verdict=True)))
+        with self.state.telemetry.remote_call(
+            "verify_next",
+            round_span,
+            after_base_len=after_base_len,
+            candidates=len(candidates),
+            plain_otherwise=plain_otherwise,
+        ):
+            return await self.sessions.call(
+                self.sessions.verify,
+                "VerifyNext",
+                verifier_pb2.VerifyNextRequest(
+                    session_id=self.state.plan.request_id,
+                    after_base_len=after_base_len,
+                    rounds=[
+                        verifier_pb2.GuessedRound(
+                            verdict=verifier_pb2.GuessedVerdict(
+                                num_accepted=c.num_accepted, next_token_id=c.next_token
+                            ),
+                            draft_token_ids=c.block.token_ids,
+                            draft_probs=c.block.probs,
+                        )
+                        for c in candidates
+                    ],
+                    plain_otherwise=plain_otherwise,
+                    next_call=verifier_pb2.NextCallHint(after_any_verdict=True),
+                ),
+            )
 
     async def _chained_verdict(self, chained: ChainedRound) -> verifier_pb2.VerifyResponse | None:
         """The verdict of the round the verifier ran by itself, or None if it ran another one or none (then the
@@ -102,8 +146,12 @@ class RoundCalls:
             self.state.stats.chained_rounds += 1
             self.state.metrics.chained_rounds.inc()
             return answer.verdict
-        log.warning("request %s: the verifier ran round %s of a VerifyNext where %d was expected; verifying again",
-                    self.state.plan.request_id, answer.round_index if answer.ran else "none", chained.index)
+        log.warning(
+            "request %s: the verifier ran round %s of a VerifyNext where %d was expected; verifying again",
+            self.state.plan.request_id,
+            answer.round_index if answer.ran else "none",
+            chained.index,
+        )
         return None
 
     def _count_call(self, label: str, call: RemoteCall, **stage_ns: int) -> None:

@@ -21,32 +21,57 @@ from specdec.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-FINISH_REASONS = {None: coordinator_pb2.FINISH_REASON_UNSPECIFIED, "length": coordinator_pb2.FINISH_REASON_LENGTH,
-                  "stop": coordinator_pb2.FINISH_REASON_STOP, "eos": coordinator_pb2.FINISH_REASON_EOS}
+FINISH_REASONS = {
+    None: coordinator_pb2.FINISH_REASON_UNSPECIFIED,
+    "length": coordinator_pb2.FINISH_REASON_LENGTH,
+    "stop": coordinator_pb2.FINISH_REASON_STOP,
+    "eos": coordinator_pb2.FINISH_REASON_EOS,
+}
 
 
 def stats_to_proto(stats: RequestStats, plan: GenerationPlan) -> coordinator_pb2.GenerationStats:
     return coordinator_pb2.GenerationStats(
-        rounds=stats.rounds, drafted_tokens=stats.drafted, accepted_tokens=stats.accepted,
-        acceptance_rate=stats.acceptance_rate, mean_accepted_length=stats.mean_accepted_length,
-        accepted_per_position=stats.accepted_per_position, drafted_per_position=stats.drafted_per_position,
-        draft_ns=stats.draft_ns, verify_ns=stats.verify_ns, sampling_ns=stats.sampling_ns, wire_ns=max(0, stats.wire_ns),
-        prefill_ns=stats.prefill_ns, total_ns=stats.total_ns, predraft_attempts=stats.predraft_attempts,
-        predraft_hits=stats.predraft_hits, predraft_guesses=stats.predraft_guesses, chained_rounds=stats.chained_rounds,
-        seed=plan.params.seed, prompt_tokens=len(plan.prompt_ids))
+        rounds=stats.rounds,
+        drafted_tokens=stats.drafted,
+        accepted_tokens=stats.accepted,
+        acceptance_rate=stats.acceptance_rate,
+        mean_accepted_length=stats.mean_accepted_length,
+        accepted_per_position=stats.accepted_per_position,
+        drafted_per_position=stats.drafted_per_position,
+        draft_ns=stats.draft_ns,
+        verify_ns=stats.verify_ns,
+        sampling_ns=stats.sampling_ns,
+        wire_ns=max(0, stats.wire_ns),
+        prefill_ns=stats.prefill_ns,
+        total_ns=stats.total_ns,
+        predraft_attempts=stats.predraft_attempts,
+        predraft_hits=stats.predraft_hits,
+        predraft_guesses=stats.predraft_guesses,
+        chained_rounds=stats.chained_rounds,
+        seed=plan.params.seed,
+        prompt_tokens=len(plan.prompt_ids),
+    )
 
 
 def _publish_gate_throughput(level: int, speculative: bool, tokens_per_s: float) -> None:
     speculation_metrics().gate_throughput.labels(str(level), "speculative" if speculative else "plain").set(
-        tokens_per_s)
+        tokens_per_s
+    )
 
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     """Thin shell: every request becomes a Generation on the least-loaded draft and verify replicas."""
 
-    def __init__(self, settings: CoordinatorSettings, tokenizer: PreTrainedTokenizerBase, eos_token_ids: set[int],
-                 vocab_size: int, draft_pool: ReplicaPool, verify_pool: ReplicaPool,
-                 guard: RequestGuard | None = None):
+    def __init__(
+        self,
+        settings: CoordinatorSettings,
+        tokenizer: PreTrainedTokenizerBase,
+        eos_token_ids: set[int],
+        vocab_size: int,
+        draft_pool: ReplicaPool,
+        verify_pool: ReplicaPool,
+        guard: RequestGuard | None = None,
+    ):
         self.settings = settings
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
@@ -56,10 +81,15 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self.guard = guard or RequestGuard(settings)  # limits; with Redis also rate limits, journal, leases
         self.acceptance = AcceptanceRate() if settings.adaptive_gamma else None  # None: every round uses plan.gamma
         self.round_times = RoundTimes() if settings.adaptive_gamma else None
-        self.gate = SpeculationGate(on_measured=_publish_gate_throughput) \
-            if settings.adaptive_gamma and settings.speculation_gate else None
+        self.gate = (
+            SpeculationGate(on_measured=_publish_gate_throughput)
+            if settings.adaptive_gamma and settings.speculation_gate
+            else None
+        )
 
-    async def _run(self, request: coordinator_pb2.GenerateRequest) -> AsyncIterator[coordinator_pb2.GenerateStreamResponse]:
+    async def _run(
+        self, request: coordinator_pb2.GenerateRequest
+    ) -> AsyncIterator[coordinator_pb2.GenerateStreamResponse]:
         telemetry = RequestTelemetry()  # TTFT counts from here
         plan = plan_request(request, self.settings, self.tokenizer, self.vocab_size)
         async with self.guard.admit(request, plan) as guarded:  # coordinator/request_guard.py
@@ -67,20 +97,33 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             async for reply in guarded.replies(read_ahead(self._generate(request, guarded, telemetry))):
                 yield reply
 
-    async def _generate(self, request: coordinator_pb2.GenerateRequest, guarded: GuardedRequest,
-                        telemetry: RequestTelemetry) -> AsyncIterator[coordinator_pb2.GenerateStreamResponse]:
+    async def _generate(
+        self, request: coordinator_pb2.GenerateRequest, guarded: GuardedRequest, telemetry: RequestTelemetry
+    ) -> AsyncIterator[coordinator_pb2.GenerateStreamResponse]:
         plan = guarded.plan  # a resumed request runs the rest of its budget after its journaled tokens
         text = guarded.text_stream(self.tokenizer, self.eos_token_ids, request.stop)
         verify = self.verify_pool.acquire()
         draft = self.draft_pool.acquire(required=False) if plan.gamma > 0 else None  # none healthy: plain decoding
-        generation = Generation(plan, draft, verify, text, self.settings.call_timeout_s, telemetry,
-                                on_draft_unavailable=self.draft_pool.mark_unhealthy, acceptance=self.acceptance,
-                                round_times=self.round_times, gate=self.gate)
+        generation = Generation(
+            plan,
+            draft,
+            verify,
+            text,
+            self.settings.call_timeout_s,
+            telemetry,
+            on_draft_unavailable=self.draft_pool.mark_unhealthy,
+            acceptance=self.acceptance,
+            round_times=self.round_times,
+            gate=self.gate,
+        )
         try:
             async for chunk in generation.chunks():
                 reply = coordinator_pb2.GenerateStreamResponse(
-                    text=chunk.text, token_ids=chunk.token_ids, finish_reason=FINISH_REASONS[chunk.finish_reason],
-                    request_id=plan.request_id)
+                    text=chunk.text,
+                    token_ids=chunk.token_ids,
+                    finish_reason=FINISH_REASONS[chunk.finish_reason],
+                    request_id=plan.request_id,
+                )
                 if chunk.finish_reason and request.include_stats:
                     generation.stats.total_ns = generation.elapsed_ns()
                     reply.stats.CopyFrom(stats_to_proto(generation.stats, plan))
@@ -89,9 +132,15 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             self.verify_pool.release(verify)
             if draft is not None:
                 self.draft_pool.release(draft)
-        log.info("request %s: %d prompt + %d new tokens, %d rounds, α=%.2f, finish=%s", plan.request_id,
-                 len(plan.prompt_ids), len(text.token_ids), generation.stats.rounds, generation.stats.acceptance_rate,
-                 text.finish_reason)
+        log.info(
+            "request %s: %d prompt + %d new tokens, %d rounds, α=%.2f, finish=%s",
+            plan.request_id,
+            len(plan.prompt_ids),
+            len(text.token_ids),
+            generation.stats.rounds,
+            generation.stats.acceptance_rate,
+            text.finish_reason,
+        )
 
     async def GenerateStream(self, request, context) -> AsyncIterator[coordinator_pb2.GenerateStreamResponse]:
         async for reply in self._run(request):
@@ -116,5 +165,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             verify_replicas=[r.address for r in self.verify_pool.replicas],
             default_num_speculative_tokens=settings.default_num_speculative_tokens,
             max_num_speculative_tokens=settings.max_num_speculative_tokens,
-            max_new_tokens_limit=settings.max_new_tokens_limit, max_context_tokens=settings.max_context_tokens,
-            overlap=settings.overlap)
+            max_new_tokens_limit=settings.max_new_tokens_limit,
+            max_context_tokens=settings.max_context_tokens,
+            overlap=settings.overlap,
+        )

@@ -48,8 +48,16 @@ SESSIONS_RECORD_S = 3600.0  # how long a dead coordinator's session ids wait for
 class SessionRegistry:
     """This coordinator's entry in the shared registry; `run()` keeps it fresh until cancelled."""
 
-    def __init__(self, client: redis.asyncio.Redis, keys: RedisKeys, coordinator_id: str,
-                 pools: Sequence[ReplicaPool], ttl_s: float, refresh_s: float, call_timeout_s: float):
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        keys: RedisKeys,
+        coordinator_id: str,
+        pools: Sequence[ReplicaPool],
+        ttl_s: float,
+        refresh_s: float,
+        call_timeout_s: float,
+    ):
         self.client = client
         self.keys = keys
         self.coordinator_id = coordinator_id
@@ -67,12 +75,12 @@ class SessionRegistry:
 
     async def add(self, session_id: str) -> None:
         """Records a session this coordinator opens (best effort)."""
-        await self._best_effort("record a session", self.client.sadd(self.keys.sessions(self.coordinator_id),
-                                                                      session_id))
+        await self._best_effort(
+            "record a session", self.client.sadd(self.keys.sessions(self.coordinator_id), session_id)
+        )
 
     async def remove(self, session_id: str) -> None:
-        await self._best_effort("drop a session", self.client.srem(self.keys.sessions(self.coordinator_id),
-                                                                    session_id))
+        await self._best_effort("drop a session", self.client.srem(self.keys.sessions(self.coordinator_id), session_id))
 
     async def _best_effort(self, what: str, call) -> None:
         try:
@@ -84,9 +92,18 @@ class SessionRegistry:
         """Publishes our counts and heartbeat, reads the others' counts, reaps expired coordinators."""
         counts = [(name, replica.active_sessions) for name, replica in self._replicas()]
         live, dead = await self._heartbeat(
-            keys=[self.keys.coordinators(), self.keys.load(self.coordinator_id), self.keys.sessions(self.coordinator_id)],
-            args=[self.coordinator_id, self.ttl_ms, int(SESSIONS_RECORD_S * 1000),
-                  *[item for name, count in counts if count for item in (name, count)]])
+            keys=[
+                self.keys.coordinators(),
+                self.keys.load(self.coordinator_id),
+                self.keys.sessions(self.coordinator_id),
+            ],
+            args=[
+                self.coordinator_id,
+                self.ttl_ms,
+                int(SESSIONS_RECORD_S * 1000),
+                *[item for name, count in counts if count for item in (name, count)],
+            ],
+        )
         others = [c.decode() for c in live if c.decode() != self.coordinator_id]
         remote: dict[str, int] = {}
         if others:
@@ -110,16 +127,23 @@ class SessionRegistry:
         await self.client.delete(sessions_key, self.keys.load(coordinator_id))
         if not session_ids:
             return
-        log.warning("coordinator %s is gone: closing its %d sessions on the replicas", coordinator_id,
-                    len(session_ids))
-        calls = [replica.stub.CloseSession(common_pb2.CloseSessionRequest(session_id=session_id),
-                                           timeout=self.call_timeout_s)
-                 for session_id in session_ids for _, replica in self._replicas()]
+        log.warning("coordinator %s is gone: closing its %d sessions on the replicas", coordinator_id, len(session_ids))
+        calls = [
+            replica.stub.CloseSession(
+                common_pb2.CloseSessionRequest(session_id=session_id), timeout=self.call_timeout_s
+            )
+            for session_id in session_ids
+            for _, replica in self._replicas()
+        ]
         results = await asyncio.gather(*calls, return_exceptions=True)
         failed = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
         if failed:
-            log.warning("closing sessions of coordinator %s: %d calls failed (%s)", coordinator_id, len(failed),
-                        failed[0].code().name)
+            log.warning(
+                "closing sessions of coordinator %s: %d calls failed (%s)",
+                coordinator_id,
+                len(failed),
+                failed[0].code().name,
+            )
 
     async def run(self) -> None:
         """Refreshes every refresh_s until cancelled; Redis errors are logged once per outage."""
@@ -131,8 +155,11 @@ class SessionRegistry:
                 self._redis_ok = True
             except redis.exceptions.RedisError as error:
                 if self._redis_ok:
-                    log.warning("session registry: Redis unreachable (%s); placing by this coordinator's own "
-                                "counts until it is back", error)
+                    log.warning(
+                        "session registry: Redis unreachable (%s); placing by this coordinator's own "
+                        "counts until it is back",
+                        error,
+                    )
                 self._redis_ok = False
                 for _, replica in self._replicas():
                     replica.remote_sessions = 0

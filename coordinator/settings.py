@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.embedded_pair import DEMO_TARGET_DIR
 from specdec.cpu_affinity import CpuAffinitySettings
+from specdec.embedded_pair import DEMO_TARGET_DIR
 from specdec.settings import setting
 from specdec.tls import ServerTlsSettings
 
@@ -15,8 +15,10 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
     """Everything the coordinator reads at start-up (tls_cert/tls_key/tls_client_ca: the client-facing port)."""
 
     address: str = setting("[::]:50051", "host:port of the client-facing gRPC API (port 0 picks a free port)")
-    draft_replicas: tuple[str, ...] = setting(("localhost:50061",), "draft service addresses, comma-separated; "
-                                              "dns:///NAME:PORT expands to every address NAME resolves to")
+    draft_replicas: tuple[str, ...] = setting(
+        ("localhost:50061",),
+        "draft service addresses, comma-separated; dns:///NAME:PORT expands to every address NAME resolves to",
+    )
     verify_replicas: tuple[str, ...] = setting(("localhost:50062",), "verify service addresses (same forms)")
     tokenizer: str = setting(str(DEMO_TARGET_DIR), "tokenizer directory or hub id (the target's)")
     default_num_speculative_tokens: int = setting(4, "γ for requests that do not set num_speculative_tokens")
@@ -24,34 +26,55 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
     max_new_tokens_limit: int = setting(1024, "largest max_new_tokens a request may ask for")
     max_context_tokens: int = setting(1024, "longest prompt + completion (at most the models' context)")
     overlap: bool = setting(True, "pipeline rounds: draft block k+1 while block k is verified")
-    chain_rounds: bool = setting(True, "overlapped mode: hand each pre-drafted next block to the verifier as soon as "
-                                       "it is drafted (VerifyNext); the verifier runs the one its verdict selects in "
-                                       "its next pass, without a round trip to the coordinator")
-    predraft_guesses: int = setting(2, "overlapped mode, greedy requests: besides 'all accepted', guess γ times this "
-                                       "many rejections (a position and the draft's r-th next most likely token "
-                                       "there; those the request's verdicts matched most often first), "
-                                       "each pre-drafted on its own draft lane (0: only 'all accepted'; fewer when "
-                                       "the measured costs say they would not fit inside the verification)")
-    adaptive_gamma: bool = setting(True, "pick each round's γ within [0, the request's γ] from the request's live "
-                                         "acceptance rate and the replicas' measured pass costs at their current "
-                                         "batch size (0 = plain decoding when speculation stops paying), and "
-                                         "as many pre-draft guesses as fit inside a verification; off: always "
-                                         "the request's γ and every guess")
-    speculation_gate: bool = setting(True, "with adaptive γ: where the policy predicts a small gain from "
-                                           "speculating, measure committed tokens/s in epochs with speculation and "
-                                           "epochs of plain rounds at each load, and keep the faster way")
+    chain_rounds: bool = setting(
+        True,
+        "overlapped mode: hand each pre-drafted next block to the verifier as soon as "
+        "it is drafted (VerifyNext); the verifier runs the one its verdict selects in "
+        "its next pass, without a round trip to the coordinator",
+    )
+    predraft_guesses: int = setting(
+        2,
+        "overlapped mode, greedy requests: besides 'all accepted', guess γ times this "
+        "many rejections (a position and the draft's r-th next most likely token "
+        "there; those the request's verdicts matched most often first), "
+        "each pre-drafted on its own draft lane (0: only 'all accepted'; fewer when "
+        "the measured costs say they would not fit inside the verification)",
+    )
+    adaptive_gamma: bool = setting(
+        True,
+        "pick each round's γ within [0, the request's γ] from the request's live "
+        "acceptance rate and the replicas' measured pass costs at their current "
+        "batch size (0 = plain decoding when speculation stops paying), and "
+        "as many pre-draft guesses as fit inside a verification; off: always "
+        "the request's γ and every guess",
+    )
+    speculation_gate: bool = setting(
+        True,
+        "with adaptive γ: where the policy predicts a small gain from "
+        "speculating, measure committed tokens/s in epochs with speculation and "
+        "epochs of plain rounds at each load, and keep the faster way",
+    )
     call_timeout_s: float = setting(30.0, "deadline of each internal call")
     startup_timeout_s: float = setting(300.0, "how long to wait for the replicas to come up")
     grace_s: float = setting(10.0, "seconds in-flight requests get to finish after SIGTERM")
     # Redis: API keys, rate limits, the request journal, the session registry (coordinator/request_guard.py).
-    redis_url: str = setting("", "Redis for API keys, rate limits, the request journal and the session registry "
-                                 "(redis://[:PASSWORD@]HOST:PORT/DB); empty: none of them")
+    redis_url: str = setting(
+        "",
+        "Redis for API keys, rate limits, the request journal and the session registry "
+        "(redis://[:PASSWORD@]HOST:PORT/DB); empty: none of them",
+    )
     redis_key_prefix: str = setting("specdec:", "prefix of every Redis key this deployment uses")
     redis_timeout_s: float = setting(1.0, "timeout of each Redis call (past it Redis counts as down)")
-    require_api_key: bool = setting(False, "refuse Coordinator calls without a valid 'authorization: Bearer KEY' "
-                                           "(python -m coordinator.api_keys); needs redis_url")
-    lease_s: float = setting(10.0, "lease on a running request_id, refreshed each round: after a crash a retry "
-                                   "can take the request over this long after the last round")
+    require_api_key: bool = setting(
+        False,
+        "refuse Coordinator calls without a valid 'authorization: Bearer KEY' "
+        "(python -m coordinator.api_keys); needs redis_url",
+    )
+    lease_s: float = setting(
+        10.0,
+        "lease on a running request_id, refreshed each round: after a crash a retry "
+        "can take the request over this long after the last round",
+    )
     lease_wait_s: float = setting(15.0, "how long a retry waits for another coordinator's lease (then ABORTED)")
     journal_ttl_s: float = setting(3600.0, "how long an unfinished request's journal outlives its last round")
     result_ttl_s: float = setting(600.0, "how long a finished request's result can be fetched again by request_id")
@@ -64,10 +87,15 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
     replica_tls_ca: str = setting("", "PEM CA of the replicas' server certificates: turns TLS on towards them")
     replica_tls_cert: str = setting("", "PEM client certificate for the replicas (mutual TLS)")
     replica_tls_key: str = setting("", "PEM private key of replica_tls_cert")
-    replica_tls_server_name: str = setting("", "name the replicas' certificates are checked against instead of "
-                                               "their address (e.g. when dns:/// expands to pod IPs)")
+    replica_tls_server_name: str = setting(
+        "",
+        "name the replicas' certificates are checked against instead of "
+        "their address (e.g. when dns:/// expands to pod IPs)",
+    )
     metrics_port: int = setting(0, "port for Prometheus /metrics (0 = off)")
-    trace_exporter: str = setting("none", "where spans go: none, console, otlp (OTEL_EXPORTER_OTLP_* variables), "
-                                          "jsonl:PATH, memory; comma-separated")
+    trace_exporter: str = setting(
+        "none",
+        "where spans go: none, console, otlp (OTEL_EXPORTER_OTLP_* variables), jsonl:PATH, memory; comma-separated",
+    )
     trace_sample_ratio: float = setting(1.0, "share of new traces recorded (parent-based: callers' choice wins)")
     log_level: str = setting("INFO", "logging level")

@@ -62,8 +62,12 @@ class Epoch:
 class SpeculationGate:
     """Coordinator-wide epochs of speculative and plain rounds per load level, and the way each level keeps."""
 
-    def __init__(self, epoch_s: float = EPOCH_S, clock: Callable[[], float] = time.monotonic,
-                 on_measured: Callable[[int, bool, float], None] | None = None):
+    def __init__(
+        self,
+        epoch_s: float = EPOCH_S,
+        clock: Callable[[], float] = time.monotonic,
+        on_measured: Callable[[int, bool, float], None] | None = None,
+    ):
         self._epoch_s = epoch_s
         self._clock = clock
         self._on_measured = on_measured  # (level, speculative, running tokens/s) after each measured epoch
@@ -124,10 +128,16 @@ class SpeculationGate:
         faster = speculative.tokens_per_s >= plain.tokens_per_s * (1 + SPECULATION_MARGIN)  # the way to keep
         if self._kept.get(level) != faster:
             self._kept[level] = faster
-            log.info("speculation gate: %s at load level %d (%d running): speculative %.1f tok/s, plain %.1f tok/s",
-                     "speculating" if faster else "plain rounds", level, self.active, speculative.tokens_per_s,
-                     plain.tokens_per_s)
-        gap = abs(speculative.tokens_per_s - plain.tokens_per_s) / max(speculative.tokens_per_s,
-                                                                       plain.tokens_per_s, 1e-9)
+            log.info(
+                "speculation gate: %s at load level %d (%d running): speculative %.1f tok/s, plain %.1f tok/s",
+                "speculating" if faster else "plain rounds",
+                level,
+                self.active,
+                speculative.tokens_per_s,
+                plain.tokens_per_s,
+            )
+        gap = abs(speculative.tokens_per_s - plain.tokens_per_s) / max(
+            speculative.tokens_per_s, plain.tokens_per_s, 1e-9
+        )
         recheck_every = RECHECK_CLOSE if gap < CLOSE_GAP else RECHECK_WIDE
         return Epoch(level, faster if run % recheck_every else not faster, now)

@@ -134,8 +134,11 @@ class RoundTimes:
         for speculative in (True, False):
             key = (level, speculative)
             stale_for = self._untimed_for.get(key, 0)
-            if (stale_for >= RECHECK_AFTER and stale_for >= self._rechecks.get(key, -RECHECK_AFTER) + RECHECK_AFTER
-                    and self.slowdown(speculative, rows) > self.slowdown(not speculative, rows)):
+            if (
+                stale_for >= RECHECK_AFTER
+                and stale_for >= self._rechecks.get(key, -RECHECK_AFTER) + RECHECK_AFTER
+                and self.slowdown(speculative, rows) > self.slowdown(not speculative, rows)
+            ):
                 self._rechecks[key] = stale_for
                 return speculative
         return None
@@ -170,10 +173,17 @@ def round_ns(gamma: int, verify: PassLoad, draft: PassLoad | None, predraft_hit_
     return (1.0 - predraft_hit_rate) * (draft_ns + others_pass_ns) + verify_ns
 
 
-def round_rates(alpha: float, max_gamma: int, verify: PassLoad, draft: PassLoad,
-                predraft_hit_rate: float | None = None, round_times: RoundTimes | None = None) -> list[float]:
+def round_rates(
+    alpha: float,
+    max_gamma: int,
+    verify: PassLoad,
+    draft: PassLoad,
+    predraft_hit_rate: float | None = None,
+    round_times: RoundTimes | None = None,
+) -> list[float]:
     """Expected committed tokens per ns of a round of each γ in [0, max_gamma] (index γ; 0 = plain decoding),
     each kind's predicted round time scaled by its measured slowdown (round_times)."""
+
     def slowdown(speculative: bool) -> float:
         return round_times.slowdown(speculative, verify.rows) if round_times is not None else 1.0
 
@@ -184,8 +194,14 @@ def round_rates(alpha: float, max_gamma: int, verify: PassLoad, draft: PassLoad,
     return rates
 
 
-def choose_gamma(alpha: float, max_gamma: int, verify: PassLoad, draft: PassLoad | None,
-                 predraft_hit_rate: float | None = None, round_times: RoundTimes | None = None) -> int:
+def choose_gamma(
+    alpha: float,
+    max_gamma: int,
+    verify: PassLoad,
+    draft: PassLoad | None,
+    predraft_hit_rate: float | None = None,
+    round_times: RoundTimes | None = None,
+) -> int:
     """The γ in [0, max_gamma] with the most expected committed tokens per unit time (0 = plain decoding),
     each kind's predicted round time scaled by its measured slowdown (round_times). When round_times says a
     kind is due for a re-timing, this round is of that kind (the best speculative γ, or 0)."""
@@ -200,19 +216,27 @@ def choose_gamma(alpha: float, max_gamma: int, verify: PassLoad, draft: PassLoad
     return max(range(len(rates)), key=lambda gamma: (rates[gamma], -gamma))
 
 
-def speculation_gain(alpha: float, max_gamma: int, verify: PassLoad, draft: PassLoad,
-                     predraft_hit_rate: float | None = None, round_times: RoundTimes | None = None) -> float:
+def speculation_gain(
+    alpha: float,
+    max_gamma: int,
+    verify: PassLoad,
+    draft: PassLoad,
+    predraft_hit_rate: float | None = None,
+    round_times: RoundTimes | None = None,
+) -> float:
     """The predicted speedup of the best speculative γ over plain decoding (expected tokens per unit time)."""
     rates = round_rates(alpha, max_gamma, verify, draft, predraft_hit_rate, round_times)
     return max(rates[1:], default=0.0) / rates[0]
 
 
-def fresh_draft_pays(alpha: float, gamma: int, verify: PassLoad, draft: PassLoad,
-                     round_times: RoundTimes | None = None) -> bool:
+def fresh_draft_pays(
+    alpha: float, gamma: int, verify: PassLoad, draft: PassLoad, round_times: RoundTimes | None = None
+) -> bool:
     """After a verdict no pre-draft guessed (overlapped mode): whether drafting a γ block afresh returns more
     tokens per unit time than a plain step at once. The fresh block pays the draft time and, under load, the pass
     the verifier runs meanwhile for the sessions whose blocks were pre-drafted; the plain step rides that pass.
     On an idle verifier drafting afresh pays; as the batch grows the plain step takes over."""
+
     def slowdown(speculative: bool) -> float:
         return round_times.slowdown(speculative, verify.rows) if round_times is not None else 1.0
 
@@ -221,8 +245,9 @@ def fresh_draft_pays(alpha: float, gamma: int, verify: PassLoad, draft: PassLoad
     return expected_tokens(alpha, gamma) / max(fresh_ns, 1.0) > 1.0 / max(plain_ns, 1.0)
 
 
-def affordable_guesses(max_guesses: int, draft_steps: int, verify_tokens: float, verify: PassLoad,
-                       draft: PassLoad) -> int:
+def affordable_guesses(
+    max_guesses: int, draft_steps: int, verify_tokens: float, verify: PassLoad, draft: PassLoad
+) -> int:
     """How many guessed verdicts to pre-draft (at least 1, at most max_guesses): the most whose pre-draft,
     draft_steps batched passes with a row per guess besides the drafter's other sessions, is expected to end
     within the verify call it overlaps (a pass feeding verify_tokens tokens). Past that, guesses would delay

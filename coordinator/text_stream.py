@@ -68,7 +68,7 @@ class TextStream:
                     if text[:final_len].endswith(stop[:k]):
                         final_len -= k
                         break
-        chunk = text[self.emitted_chars:final_len] if final_len > self.emitted_chars else ""
+        chunk = text[self.emitted_chars : final_len] if final_len > self.emitted_chars else ""
         self.emitted_chars = max(self.emitted_chars, final_len)
         return chunk
 

@@ -17,8 +17,12 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 
 
-def plan_request(request: coordinator_pb2.GenerateRequest, settings: CoordinatorSettings,
-                 tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> GenerationPlan:
+def plan_request(
+    request: coordinator_pb2.GenerateRequest,
+    settings: CoordinatorSettings,
+    tokenizer: PreTrainedTokenizerBase,
+    vocab_size: int,
+) -> GenerationPlan:
     """Validates every field; returns the plan the generation loop runs."""
     prompt_kind = request.WhichOneof("prompt")
     if prompt_kind == "text":
@@ -32,22 +36,32 @@ def plan_request(request: coordinator_pb2.GenerateRequest, settings: Coordinator
     else:
         raise InvalidFieldError("prompt", "give the prompt as text or token_ids")
     if len(prompt_ids) >= settings.max_context_tokens:
-        raise InvalidFieldError("prompt", f"{len(prompt_ids)} tokens leave no room in the context of "
-                                f"{settings.max_context_tokens} tokens")
+        raise InvalidFieldError(
+            "prompt", f"{len(prompt_ids)} tokens leave no room in the context of {settings.max_context_tokens} tokens"
+        )
     if not 1 <= request.max_new_tokens <= settings.max_new_tokens_limit:
-        raise InvalidFieldError("max_new_tokens", f"must be in [1, {settings.max_new_tokens_limit}], "
-                                f"got {request.max_new_tokens}")
+        raise InvalidFieldError(
+            "max_new_tokens", f"must be in [1, {settings.max_new_tokens_limit}], got {request.max_new_tokens}"
+        )
     if len(prompt_ids) + request.max_new_tokens > settings.max_context_tokens:
-        raise InvalidFieldError("max_new_tokens", f"prompt ({len(prompt_ids)} tokens) + max_new_tokens "
-                                f"({request.max_new_tokens}) exceeds the context of {settings.max_context_tokens}")
-    gamma = (request.num_speculative_tokens if request.HasField("num_speculative_tokens")
-             else settings.default_num_speculative_tokens)
+        raise InvalidFieldError(
+            "max_new_tokens",
+            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens "
+            f"({request.max_new_tokens}) exceeds the context of {settings.max_context_tokens}",
+        )
+    gamma = (
+        request.num_speculative_tokens
+        if request.HasField("num_speculative_tokens")
+        else settings.default_num_speculative_tokens
+    )
     if not 0 <= gamma <= settings.max_num_speculative_tokens:
-        raise InvalidFieldError("num_speculative_tokens", f"must be in [0, {settings.max_num_speculative_tokens}], "
-                                f"got {gamma}")
+        raise InvalidFieldError(
+            "num_speculative_tokens", f"must be in [0, {settings.max_num_speculative_tokens}], got {gamma}"
+        )
     if len(request.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_STRING_CHARS for s in request.stop):
-        raise InvalidFieldError("stop", f"at most {MAX_STOP_STRINGS} strings of at most "
-                                f"{MAX_STOP_STRING_CHARS} characters")
+        raise InvalidFieldError(
+            "stop", f"at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_STRING_CHARS} characters"
+        )
     if request.draft_method not in common_pb2.DraftMethod.values():
         raise InvalidFieldError("draft_method", f"unknown value {request.draft_method}")
     if len(request.request_id) > 128:

@@ -50,15 +50,23 @@ def speedup_bound(alpha: float, gamma: int, c: float) -> float:
     return expected_tokens_per_round(alpha, gamma) / (1 + gamma * c)
 
 
-def measure_acceptance(target: LoadedModel, draft: LoadedModel, prompts: Sequence[Sequence[int]], gamma: int,
-                       temperature: float, max_new_tokens: int, label: str) -> dict:
+def measure_acceptance(
+    target: LoadedModel,
+    draft: LoadedModel,
+    prompts: Sequence[Sequence[int]],
+    gamma: int,
+    temperature: float,
+    max_new_tokens: int,
+    label: str,
+) -> dict:
     """α and the per-position acceptance over every round of every prompt (seed i for prompt i)."""
     total = SpeculationStats()
     generated = 0
     started = time.perf_counter()
     for i, prompt_ids in enumerate(prompts):
-        result = speculative_generate(target, draft, prompt_ids, gamma, SamplingParams(temperature=temperature, seed=i),
-                                      max_new_tokens)
+        result = speculative_generate(
+            target, draft, prompt_ids, gamma, SamplingParams(temperature=temperature, seed=i), max_new_tokens
+        )
         stats = result.stats
         total.rounds += stats.rounds
         total.drafted += stats.drafted
@@ -70,8 +78,11 @@ def measure_acceptance(target: LoadedModel, draft: LoadedModel, prompts: Sequenc
             total.drafted_per_position[position] += drafted
             total.accepted_per_position[position] += accepted
         generated += len(result.token_ids)
-        print(f"[{label}] prompt {i + 1}/{len(prompts)}: α so far {total.acceptance_rate:.3f} "
-              f"({total.accepted}/{total.drafted}), {time.perf_counter() - started:.0f}s", flush=True)
+        print(
+            f"[{label}] prompt {i + 1}/{len(prompts)}: α so far {total.acceptance_rate:.3f} "
+            f"({total.accepted}/{total.drafted}), {time.perf_counter() - started:.0f}s",
+            flush=True,
+        )
     return {
         "temperature": temperature,
         "acceptance_rate": round(total.acceptance_rate, 4),
@@ -80,8 +91,9 @@ def measure_acceptance(target: LoadedModel, draft: LoadedModel, prompts: Sequenc
         "drafted_tokens": total.drafted,
         "accepted_tokens": total.accepted,
         "generated_tokens": generated,
-        "acceptance_by_position": [round(a / d, 4) if d else None
-                                   for a, d in zip(total.accepted_per_position, total.drafted_per_position)],
+        "acceptance_by_position": [
+            round(a / d, 4) if d else None for a, d in zip(total.accepted_per_position, total.drafted_per_position)
+        ],
     }
 
 
@@ -96,8 +108,14 @@ def _time_forward(model: LoadedModel, cache, token_ids: list[int]) -> float:
     return elapsed
 
 
-def measure_step_times(target: LoadedModel, draft: LoadedModel, context_ids: Sequence[int], gamma: int,
-                       repeats: int, steps_per_repeat: int = 8) -> dict:
+def measure_step_times(
+    target: LoadedModel,
+    draft: LoadedModel,
+    context_ids: Sequence[int],
+    gamma: int,
+    repeats: int,
+    steps_per_repeat: int = 8,
+) -> dict:
     """Median one-token step of each model and the target's (γ+1)-token scoring step, over a warm cache.
 
     Both caches hold the same held-out context. The models take turns, `steps_per_repeat` calls each per
@@ -109,7 +127,7 @@ def measure_step_times(target: LoadedModel, draft: LoadedModel, context_ids: Seq
         model.forward(torch.tensor([list(context_ids)], dtype=torch.long), cache)  # warm KV cache
         caches[name] = cache
     next_token = [int(context_ids[-1])]
-    block = [int(t) for t in context_ids[-(gamma + 1):]]
+    block = [int(t) for t in context_ids[-(gamma + 1) :]]
     for _ in range(3):  # warm-up: allocator, kernels
         _time_forward(target, caches["target"], next_token)
         _time_forward(draft, caches["draft"], next_token)
@@ -174,14 +192,20 @@ def model_card(role: str, model_dir: pathlib.Path, partner_dir: pathlib.Path, me
     partner_loss = partner["training"].get("held_out_loss")
     title = "demo target" if role == "target" else "demo draft"
     if role == "target":
-        purpose = (f"The **target** of the stack's embedded demo pair: the model whose distribution the served output "
-                   f"follows. Its draft is [`{partner_dir.name}`](../{partner_dir.name}).")
+        purpose = (
+            f"The **target** of the stack's embedded demo pair: the model whose distribution the served output "
+            f"follows. Its draft is [`{partner_dir.name}`](../{partner_dir.name})."
+        )
         how_trained = "Trained from random initialisation on the training split (next-token cross-entropy)."
     else:
-        purpose = (f"The **draft** of the stack's embedded demo pair: it proposes γ tokens that "
-                   f"[`{partner_dir.name}`](../{partner_dir.name}) verifies in one forward pass.")
-        how_trained = ("Distilled from the target: loss = forward KL to the target's next-token distribution + "
-                       "0.1 × corpus cross-entropy, on the same training split.")
+        purpose = (
+            f"The **draft** of the stack's embedded demo pair: it proposes γ tokens that "
+            f"[`{partner_dir.name}`](../{partner_dir.name}) verifies in one forward pass."
+        )
+        how_trained = (
+            "Distilled from the target: loss = forward KL to the target's next-token distribution + "
+            "0.1 × corpus cross-entropy, on the same training split."
+        )
     minutes = training.get("train_seconds", 0) / 60
     lines = [
         "---",
@@ -198,8 +222,8 @@ def model_card(role: str, model_dir: pathlib.Path, partner_dir: pathlib.Path, me
         "",
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
-        f"model = AutoModelForCausalLM.from_pretrained(\"models/{model_dir.name}\")",
-        f"tokenizer = AutoTokenizer.from_pretrained(\"models/{model_dir.name}\")",
+        f'model = AutoModelForCausalLM.from_pretrained("models/{model_dir.name}")',
+        f'tokenizer = AutoTokenizer.from_pretrained("models/{model_dir.name}")',
         "```",
         "",
         "## Corpus",
@@ -231,8 +255,8 @@ def model_card(role: str, model_dir: pathlib.Path, partner_dir: pathlib.Path, me
         f"{train_settings.get('seq_len', '?')} tokens) |",
         f"| tokens seen | {training.get('tokens_seen', 0):,} |",
         f"| time | {minutes:.1f} min of CPU training |",
-        f"| peak learning rate | {train_settings.get('learning_rate', '?')} (warm-up {train_settings.get('warmup_steps', '?')} "
-        f"steps, cosine to 10%) |",
+        f"| peak learning rate | {train_settings.get('learning_rate', '?')} "
+        f"(warm-up {train_settings.get('warmup_steps', '?')} steps, cosine to 10%) |",
         f"| final training loss | {training.get('final_train_loss', '?')} |",
         f"| **held-out loss** | **{held_out_loss} nats/token** (partner: {partner_loss}) |",
         "",
@@ -241,8 +265,9 @@ def model_card(role: str, model_dir: pathlib.Path, partner_dir: pathlib.Path, me
         "",
         "## Measured with the project's speculative loop",
         f"Target `{pair['target']}` with draft `{pair['draft']}`, γ = {gamma}, "
-        f"{pair['prompts']} held-out code prompts (windows of held-out stdlib files, `load_tests.prompts.code_prompts`), "
-        f"up to {pair['max_new_tokens']} new tokens each, in-process loop `specdec.reference_loop.speculative_generate`.",
+        f"{pair['prompts']} held-out code prompts (windows of held-out stdlib files, "
+        f"`load_tests.prompts.code_prompts`), up to {pair['max_new_tokens']} new tokens each, "
+        f"in-process loop `specdec.reference_loop.speculative_generate`.",
         "",
         "| figure | value |",
         "| --- | --- |",
@@ -256,7 +281,8 @@ def model_card(role: str, model_dir: pathlib.Path, partner_dir: pathlib.Path, me
         f"| draft step (1 token, warm cache) | {steps['draft_step_ms']:.2f} ms |",
         f"| target scoring {gamma + 1} tokens at once | {steps[f'target_verify_{gamma + 1}_tokens_ms']:.2f} ms "
         f"({steps['verify_over_step']:.2f}× a step) |",
-        f"| **cost ratio c** = draft step / target step | **{steps['c']:.4f}** (target step = {1 / steps['c']:.1f}× draft step) |",
+        f"| **cost ratio c** = draft step / target step | **{steps['c']:.4f}** "
+        f"(target step = {1 / steps['c']:.1f}× draft step) |",
         f"| analytic bound E/(1+γc), temperature 0 | {pair['speedup_bound_temperature_0']:.2f}× |",
         f"| analytic bound E/(1+γc), temperature 1 | {pair['speedup_bound_temperature_1']:.2f}× |",
         "",
@@ -267,7 +293,8 @@ def model_card(role: str, model_dir: pathlib.Path, partner_dir: pathlib.Path, me
         "",
         "## Reproduce",
         "```bash",
-        "python -m demo_pair.train all    # tokenizer, target, then the distilled draft (resumes from .demo_pair_work/)",
+        "python -m demo_pair.train all    # tokenizer, target, then the distilled draft "
+        "(resumes from .demo_pair_work/)",
         "python -m demo_pair.measure      # the figures above: measurements.json and this README",
         "```",
         f"Measured {measurements['measured_at']} with Python {measurements['environment']['python']}, torch "
@@ -297,8 +324,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--step-repeats", type=int, default=25, help="turns per model when timing steps (x8 calls)")
     parser.add_argument("--seed", type=int, default=0, help="prompt selection seed")
     parser.add_argument("--no-write", action="store_true", help="print the figures, write nothing")
-    parser.add_argument("--cards-only", action="store_true",
-                        help="measure nothing: rewrite each README.md from the measurements.json already there")
+    parser.add_argument(
+        "--cards-only",
+        action="store_true",
+        help="measure nothing: rewrite each README.md from the measurements.json already there",
+    )
     args = parser.parse_args(argv)
     if args.cards_only:
         measurements = json.loads((args.target_dir / "measurements.json").read_text())
@@ -314,15 +344,22 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = code_prompts(args.prompts, seed=args.seed)
     prompt_ids = [target.tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in prompts]
     steps = measure_step_times(target, draft, max(prompt_ids, key=len), args.gamma, args.step_repeats)
-    print(f"steps: target {steps['target_step_ms']} ms, draft {steps['draft_step_ms']} ms, c = {steps['c']}", flush=True)
-    by_temperature = {t: measure_acceptance(target, draft, prompt_ids, args.gamma, t, args.max_new_tokens, f"T={t:g}")
-                      for t in (0.0, 1.0)}
+    print(
+        f"steps: target {steps['target_step_ms']} ms, draft {steps['draft_step_ms']} ms, c = {steps['c']}", flush=True
+    )
+    by_temperature = {
+        t: measure_acceptance(target, draft, prompt_ids, args.gamma, t, args.max_new_tokens, f"T={t:g}")
+        for t in (0.0, 1.0)
+    }
 
     trainings = {"target": read_training(args.target_dir), "draft": read_training(args.draft_dir)}
-    corpus = {key: trainings["target"][key] for key in ("python_version", "train_tokens", "held_out_tokens")
-              if key in trainings["target"]}
+    corpus = {
+        key: trainings["target"][key]
+        for key in ("python_version", "train_tokens", "held_out_tokens")
+        if key in trainings["target"]
+    }
     measurements = {
-        "measured_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "measured_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "environment": environment(),
         "corpus": corpus,
         "pair": {
@@ -337,20 +374,30 @@ def main(argv: list[str] | None = None) -> dict:
             "temperature_0": by_temperature[0.0],
             "temperature_1": by_temperature[1.0],
             "step_times": steps,
-            "speedup_bound_temperature_0": round(speedup_bound(by_temperature[0.0]["acceptance_rate"], args.gamma,
-                                                               steps["c"]), 3),
-            "speedup_bound_temperature_1": round(speedup_bound(by_temperature[1.0]["acceptance_rate"], args.gamma,
-                                                               steps["c"]), 3),
+            "speedup_bound_temperature_0": round(
+                speedup_bound(by_temperature[0.0]["acceptance_rate"], args.gamma, steps["c"]), 3
+            ),
+            "speedup_bound_temperature_1": round(
+                speedup_bound(by_temperature[1.0]["acceptance_rate"], args.gamma, steps["c"]), 3
+            ),
         },
         "target": {"size": describe_model(target, args.target_dir), "training": trainings["target"]},
         "draft": {"size": describe_model(draft, args.draft_dir), "training": trainings["draft"]},
     }
     pair = measurements["pair"]
-    print(json.dumps({"alpha_temperature_0": pair["temperature_0"]["acceptance_rate"],
-                      "alpha_temperature_1": pair["temperature_1"]["acceptance_rate"], "c": steps["c"],
-                      "held_out_loss_target": trainings["target"].get("held_out_loss"),
-                      "held_out_loss_draft": trainings["draft"].get("held_out_loss"),
-                      "speedup_bound_temperature_0": pair["speedup_bound_temperature_0"]}, indent=2))
+    print(
+        json.dumps(
+            {
+                "alpha_temperature_0": pair["temperature_0"]["acceptance_rate"],
+                "alpha_temperature_1": pair["temperature_1"]["acceptance_rate"],
+                "c": steps["c"],
+                "held_out_loss_target": trainings["target"].get("held_out_loss"),
+                "held_out_loss_draft": trainings["draft"].get("held_out_loss"),
+                "speedup_bound_temperature_0": pair["speedup_bound_temperature_0"],
+            },
+            indent=2,
+        )
+    )
     if not args.no_write:
         for model_dir in (args.target_dir, args.draft_dir):
             (model_dir / "measurements.json").write_text(json.dumps(measurements, indent=2) + "\n")

@@ -171,11 +171,22 @@ def train(
             rate = (done - start_step) / spent
             eta_min = (settings.steps - done) / rate / 60
             tokens_per_s = rate * settings.batch_size * settings.seq_len
-            print(f"[{name}] step {done}/{settings.steps} loss {running_loss:.3f} lr {learning_rate(step, settings):.2e} "
-                  f"{tokens_per_s:.0f} tok/s eta {eta_min:.1f} min", flush=True)
+            print(
+                f"[{name}] step {done}/{settings.steps} loss {running_loss:.3f} lr {learning_rate(step, settings):.2e} "
+                f"{tokens_per_s:.0f} tok/s eta {eta_min:.1f} min",
+                flush=True,
+            )
         if done % settings.checkpoint_every == 0 or done == settings.steps:
-            torch.save({"model": student.state_dict(), "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
-                        "step": done, "elapsed_s": elapsed_before + time.time() - started}, checkpoint_path)
+            torch.save(
+                {
+                    "model": student.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "generator": generator.get_state(),
+                    "step": done,
+                    "elapsed_s": elapsed_before + time.time() - started,
+                },
+                checkpoint_path,
+            )
     state = torch.load(checkpoint_path, weights_only=False)
     return {
         "steps": settings.steps,
@@ -186,8 +197,13 @@ def train(
     }
 
 
-def save_model(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, out_dir: pathlib.Path, stats: dict,
-               eval_windows: torch.Tensor) -> None:
+def save_model(
+    model: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    out_dir: pathlib.Path,
+    stats: dict,
+    eval_windows: torch.Tensor,
+) -> None:
     """Save fp16 weights + tokenizer; the held-out loss is measured on the saved (fp16-rounded) weights."""
     model.to(torch.float16).save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
@@ -217,27 +233,51 @@ def main(argv: list[str] | None = None) -> None:
         train_tokenizer(tokenizer_dir)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
     train_stream, eval_stream = encode_split(tokenizer, False), encode_split(tokenizer, True)
-    print(f"corpus: {len(train_stream)} train tokens, {len(eval_stream)} held-out tokens "
-          f"(Python {sys.version.split()[0]})", flush=True)
+    print(
+        f"corpus: {len(train_stream)} train tokens, {len(eval_stream)} held-out tokens "
+        f"(Python {sys.version.split()[0]})",
+        flush=True,
+    )
     eval_windows = held_out_windows(eval_stream, seq_len=256)
-    corpus_stats = {"python_version": sys.version.split()[0], "train_tokens": len(train_stream),
-                    "held_out_tokens": len(eval_stream)}
+    corpus_stats = {
+        "python_version": sys.version.split()[0],
+        "train_tokens": len(train_stream),
+        "held_out_tokens": len(eval_stream),
+    }
 
     if args.stage in ("target", "all"):
-        settings = RunSettings(steps=args.target_steps, batch_size=8, seq_len=256, learning_rate=1.5e-3,
-                               warmup_steps=40, checkpoint_every=50, seed=1)
+        settings = RunSettings(
+            steps=args.target_steps,
+            batch_size=8,
+            seq_len=256,
+            learning_rate=1.5e-3,
+            warmup_steps=40,
+            checkpoint_every=50,
+            seed=1,
+        )
         target = LlamaForCausalLM(TARGET_SHAPE.config(tokenizer))
         stats = train("target", target, settings, train_stream, eval_windows, args.work_dir)
-        save_model(target, tokenizer, args.target_dir, {**corpus_stats, **stats, "shape": asdict(TARGET_SHAPE)}, eval_windows)
+        save_model(
+            target, tokenizer, args.target_dir, {**corpus_stats, **stats, "shape": asdict(TARGET_SHAPE)}, eval_windows
+        )
 
     if args.stage in ("draft", "all"):
         teacher = LlamaForCausalLM.from_pretrained(args.target_dir, dtype=torch.float32).eval()
-        settings = RunSettings(steps=args.draft_steps, batch_size=8, seq_len=256, learning_rate=3e-3,
-                               warmup_steps=30, checkpoint_every=50, seed=2)
+        settings = RunSettings(
+            steps=args.draft_steps,
+            batch_size=8,
+            seq_len=256,
+            learning_rate=3e-3,
+            warmup_steps=30,
+            checkpoint_every=50,
+            seed=2,
+        )
         draft = LlamaForCausalLM(DRAFT_SHAPE.config(tokenizer))
         stats = train("draft", draft, settings, train_stream, eval_windows, args.work_dir, teacher=teacher)
         stats["distilled_from"] = "demo-target (forward KL to the target's logits + 0.1 x corpus cross-entropy)"
-        save_model(draft, tokenizer, args.draft_dir, {**corpus_stats, **stats, "shape": asdict(DRAFT_SHAPE)}, eval_windows)
+        save_model(
+            draft, tokenizer, args.draft_dir, {**corpus_stats, **stats, "shape": asdict(DRAFT_SHAPE)}, eval_windows
+        )
 
 
 if __name__ == "__main__":

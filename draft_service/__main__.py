@@ -6,16 +6,16 @@ import asyncio
 import logging
 import sys
 
-from draft_service.servicer import DrafterServicer
 from draft_service.service import DraftService
+from draft_service.servicer import DrafterServicer
 from draft_service.settings import DraftSettings
 from specdec.cpu_affinity import pin_cpus
 from specdec.model_runtime import LoadedModel, ModelSettings
 from specdec.serving import configure_logging, start_server, wait_for_termination
 from specdec.settings import parse_settings
-from specdec.tls import server_credentials
 from specdec.telemetry import start_telemetry
 from specdec.telemetry.metrics import observe_batch
+from specdec.tls import server_credentials
 from specdec.v1 import drafter_pb2, drafter_pb2_grpc
 
 log = logging.getLogger("draft_service")
@@ -24,8 +24,9 @@ log = logging.getLogger("draft_service")
 def build_service(settings: DraftSettings) -> DraftService:
     """Loads the draft model (if any) and wraps it in a DraftService."""
     if settings.model:
-        model = LoadedModel.load(ModelSettings(settings.model, settings.device, settings.dtype, settings.threads,
-                                               settings.attention_kernel))
+        model = LoadedModel.load(
+            ModelSettings(settings.model, settings.device, settings.dtype, settings.threads, settings.attention_kernel)
+        )
         return DraftService(settings, model, model.vocab_size)
     if settings.vocab_size <= 0:
         raise SystemExit("a model-free draft service needs --vocab-size (the target's vocabulary size)")
@@ -37,10 +38,12 @@ async def serve(settings: DraftSettings) -> None:
     start_telemetry("draft", settings, service.sessions)
     servicer = DrafterServicer(service, observe_batch)
     try:
-        running = await start_server(settings.address,
-                                     lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
-                                     [drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name],
-                                     credentials=server_credentials(settings))
+        running = await start_server(
+            settings.address,
+            lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
+            [drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name],
+            credentials=server_credentials(settings),
+        )
         print(f"draft service listening on port {running.port}", flush=True)
         await wait_for_termination(running, settings.grace_s)
     finally:

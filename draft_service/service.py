@@ -89,13 +89,15 @@ class DraftService:
     def methods(self) -> list[str]:
         return [MODEL, NGRAM] if self.model is not None else [NGRAM]
 
-    def open(self, session_id: str, prompt_ids: Sequence[int], params: SamplingParams, method: str | None,
-             num_lanes: int = 1) -> int:
+    def open(
+        self, session_id: str, prompt_ids: Sequence[int], params: SamplingParams, method: str | None, num_lanes: int = 1
+    ) -> int:
         """Opens and prefills a session (every lane); returns the prefill time in ns."""
         return only_result(self.open_many([(session_id, prompt_ids, params, method, num_lanes)]))
 
-    def open_many(self, opens: Sequence[tuple[str, Sequence[int], SamplingParams, str | None, int]]
-                  ) -> list[int | Exception]:
+    def open_many(
+        self, opens: Sequence[tuple[str, Sequence[int], SamplingParams, str | None, int]]
+    ) -> list[int | Exception]:
         """Opens sessions, prefilling the model ones in one pass, then copying lane 0 into the other lanes; per open
         the prefill time in ns, or its error."""
         results: list[int | Exception | None] = [None] * len(opens)
@@ -134,15 +136,17 @@ class DraftService:
         prefill_ns = time.perf_counter_ns() - started
         return [result if isinstance(result, Exception) else prefill_ns for result in results]
 
-    def propose(self, session_id: str, base_len: int, appended_ids: Sequence[int], num_tokens: int,
-                num_alternatives: int = 0) -> ProposeResult:
+    def propose(
+        self, session_id: str, base_len: int, appended_ids: Sequence[int], num_tokens: int, num_alternatives: int = 0
+    ) -> ProposeResult:
         """Syncs lane 0 of the session to base_len + appended_ids (the sync invariant), then drafts num_tokens
         tokens."""
         proposal = LaneProposal(0, base_len, appended_ids, num_tokens, num_alternatives)
         return only_result(self.propose_many([(session_id, [proposal])]))[0]
 
-    def propose_many(self, calls: Sequence[tuple[str, Sequence[LaneProposal]]]
-                     ) -> list[list[ProposeResult] | Exception]:
+    def propose_many(
+        self, calls: Sequence[tuple[str, Sequence[LaneProposal]]]
+    ) -> list[list[ProposeResult] | Exception]:
         """Proposals on the lanes of several sessions (one call per session, one entry per lane); all model lanes
         draft together, one pass per drafted position. Per call one result per lane, or the error that failed
         that call alone."""
@@ -169,8 +173,9 @@ class DraftService:
             running[index] = call
             call.drafting = len(jobs)
             for slot, lane, proposal in jobs:
-                outcome = run.add((index, slot, lane), lane.session, proposal.num_tokens, lane.params,
-                                  proposal.num_alternatives)
+                outcome = run.add(
+                    (index, slot, lane), lane.session, proposal.num_tokens, lane.params, proposal.num_alternatives
+                )
                 if outcome is not None:
                     drafted(index, slot, lane, outcome)
 
@@ -198,8 +203,9 @@ class DraftService:
             for (index, slot, lane), outcome in run.step():
                 drafted(index, slot, lane, outcome)
 
-    def _sync_lanes(self, session_id: str, proposals: Sequence[LaneProposal], started: int
-                    ) -> tuple[list[ProposeResult | None], list[tuple[int, ModelDraftSession, LaneProposal]]]:
+    def _sync_lanes(
+        self, session_id: str, proposals: Sequence[LaneProposal], started: int
+    ) -> tuple[list[ProposeResult | None], list[tuple[int, ModelDraftSession, LaneProposal]]]:
         """Syncs each named lane. Returns the answers of the lanes answered here (None in the slots of model lanes
         with tokens to draft) and those model lanes as (slot, lane, proposal), to draft in the batch."""
         lanes = self.sessions.get(session_id)
@@ -209,11 +215,15 @@ class DraftService:
         jobs: list[tuple[int, ModelDraftSession, LaneProposal]] = []
         for slot, proposal in enumerate(proposals):
             if proposal.num_tokens > self.settings.max_speculative_tokens:
-                raise InvalidFieldError("num_speculative_tokens", f"{proposal.num_tokens} exceeds this drafter's "
-                                        f"limit of {self.settings.max_speculative_tokens}")
+                raise InvalidFieldError(
+                    "num_speculative_tokens",
+                    f"{proposal.num_tokens} exceeds this drafter's limit of {self.settings.max_speculative_tokens}",
+                )
             if proposal.num_alternatives > self.settings.max_alternatives:
-                raise InvalidFieldError("num_alternatives", f"{proposal.num_alternatives} exceeds this drafter's "
-                                        f"limit of {self.settings.max_alternatives}")
+                raise InvalidFieldError(
+                    "num_alternatives",
+                    f"{proposal.num_alternatives} exceeds this drafter's limit of {self.settings.max_alternatives}",
+                )
             lane = lanes.lane(proposal.lane)
             if len(lane) < proposal.base_len:
                 raise StaleBaseLenError(session_id, proposal.base_len, len(lane))
@@ -229,4 +239,3 @@ class DraftService:
 
     def close(self, session_id: str) -> bool:
         return self.sessions.close(session_id)
-

@@ -13,8 +13,11 @@ from specdec.step_batcher import StepBatcher
 from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 from specdec.wire import check_token_ids, probs_to_proto, sampling_from_proto
 
-METHOD_NAMES = {common_pb2.DRAFT_METHOD_UNSPECIFIED: None, common_pb2.DRAFT_METHOD_MODEL: MODEL,
-                common_pb2.DRAFT_METHOD_NGRAM: NGRAM}
+METHOD_NAMES = {
+    common_pb2.DRAFT_METHOD_UNSPECIFIED: None,
+    common_pb2.DRAFT_METHOD_MODEL: MODEL,
+    common_pb2.DRAFT_METHOD_NGRAM: NGRAM,
+}
 METHOD_ENUMS = {MODEL: common_pb2.DRAFT_METHOD_MODEL, NGRAM: common_pb2.DRAFT_METHOD_NGRAM}
 
 
@@ -30,20 +33,28 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
     def __init__(self, service: DraftService, on_step: Callable[[str, int], None] | None = None):
         self.service = service
         joining = {"propose": service.propose_joining} if service.settings.join_running_step else {}
-        self._batcher = StepBatcher({"open": service.open_many, "propose": service.propose_many},
-                                    service.settings.max_batch_size, "draft-model", on_step,
-                                    service.settings.max_batch_wait_ms / 1000, joining_fns=joining)
+        self._batcher = StepBatcher(
+            {"open": service.open_many, "propose": service.propose_many},
+            service.settings.max_batch_size,
+            "draft-model",
+            on_step,
+            service.settings.max_batch_wait_ms / 1000,
+            joining_fns=joining,
+        )
 
     def close(self) -> None:
         """Ends the model thread once the server has stopped."""
         self._batcher.close()
 
-    async def OpenSession(self, request: drafter_pb2.OpenDraftSessionRequest, context) -> drafter_pb2.OpenDraftSessionResponse:
+    async def OpenSession(
+        self, request: drafter_pb2.OpenDraftSessionRequest, context
+    ) -> drafter_pb2.OpenDraftSessionResponse:
         prompt = check_token_ids(request.prompt_token_ids, self.service.vocab_size, "prompt_token_ids")
         params = sampling_from_proto(request.sampling)
         method = METHOD_NAMES.get(request.draft_method, "unknown")
-        prefill_ns = await self._batcher.submit("open", request.session_id, prompt, params, method,
-                                                max(request.num_lanes, 1))
+        prefill_ns = await self._batcher.submit(
+            "open", request.session_id, prompt, params, method, max(request.num_lanes, 1)
+        )
         return drafter_pb2.OpenDraftSessionResponse(session_len=len(prompt), prefill_ns=prefill_ns)
 
     async def Propose(self, request: drafter_pb2.ProposeRequest, context) -> drafter_pb2.ProposeResponse:
@@ -51,17 +62,16 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         results = await self._batcher.submit("propose", request.session_id, [proposal], follows=_after_a_verification)
         return _propose_response(results[0])
 
-    async def ProposeLanes(self, request: drafter_pb2.ProposeLanesRequest,
-                           context) -> drafter_pb2.ProposeLanesResponse:
+    async def ProposeLanes(self, request: drafter_pb2.ProposeLanesRequest, context) -> drafter_pb2.ProposeLanesResponse:
         proposals = [self._lane_proposal(lane.lane, lane) for lane in request.lanes]
         results = await self._batcher.submit("propose", request.session_id, proposals, follows=_after_a_verification)
         return drafter_pb2.ProposeLanesResponse(lanes=[_propose_response(result) for result in results])
 
     def _lane_proposal(self, lane: int, request: drafter_pb2.ProposeRequest | drafter_pb2.LaneProposal) -> LaneProposal:
-        appended = check_token_ids(request.appended_token_ids, self.service.vocab_size, "appended_token_ids",
-                                   allow_empty=True)
-        return LaneProposal(lane, request.base_len, appended, request.num_speculative_tokens,
-                            request.num_alternatives)
+        appended = check_token_ids(
+            request.appended_token_ids, self.service.vocab_size, "appended_token_ids", allow_empty=True
+        )
+        return LaneProposal(lane, request.base_len, appended, request.num_speculative_tokens, request.num_alternatives)
 
     async def CloseSession(self, request: common_pb2.CloseSessionRequest, context) -> common_pb2.CloseSessionResponse:
         return common_pb2.CloseSessionResponse(closed=await self._batcher.run(self.service.close, request.session_id))
@@ -81,12 +91,17 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             tensor_parallel_size=1,
             draft_methods=[METHOD_ENUMS[m] for m in service.methods],
             step_cost_fixed_ns=service.step_cost.fixed_ns if service.step_cost else 0.0,
-            step_cost_per_token_ns=service.step_cost.per_token_ns if service.step_cost else 0.0)
+            step_cost_per_token_ns=service.step_cost.per_token_ns if service.step_cost else 0.0,
+        )
 
 
 def _propose_response(result: ProposeResult) -> drafter_pb2.ProposeResponse:
     proposal = result.proposal
     return drafter_pb2.ProposeResponse(
-        draft_token_ids=proposal.token_ids, draft_probs=probs_to_proto(proposal.probs),
-        session_len=result.session_len, draft_ns=result.draft_ns, batch_rows=result.batch_rows,
-        alternative_token_ids=[token for position in proposal.alternatives for token in position])
+        draft_token_ids=proposal.token_ids,
+        draft_probs=probs_to_proto(proposal.probs),
+        session_len=result.session_len,
+        draft_ns=result.draft_ns,
+        batch_rows=result.batch_rows,
+        alternative_token_ids=[token for position in proposal.alternatives for token in position],
+    )

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.embedded_pair import DEMO_DRAFT_DIR
 from specdec.cpu_affinity import CpuAffinitySettings
+from specdec.embedded_pair import DEMO_DRAFT_DIR
 from specdec.settings import setting
 from specdec.step_batcher import StepBatchingSettings
 from specdec.tls import ServerTlsSettings
@@ -21,13 +21,19 @@ class DraftSettings(ServerTlsSettings, StepBatchingSettings, CpuAffinitySettings
     device: str = setting("cpu", "device for the draft model: cpu or cuda:N")
     dtype: str = setting("float32", "weight dtype: float32, bfloat16 or float16")
     threads: int = setting(1, "CPU threads for the model (0 = torch default)")
-    attention_kernel: bool = setting(True, "CPU, float32: a pass's short rows attend in the compiled kernel "
-                                           "(specdec/ragged_attention.py; built on first start) instead of SDPA")
+    attention_kernel: bool = setting(
+        True,
+        "CPU, float32: a pass's short rows attend in the compiled kernel "
+        "(specdec/ragged_attention.py; built on first start) instead of SDPA",
+    )
     max_sessions: int = setting(256, "most sessions held at once; more are refused with RESOURCE_EXHAUSTED")
     max_speculative_tokens: int = setting(16, "largest num_speculative_tokens a Propose may ask for")
     max_lanes: int = setting(16, "most lanes one session may hold (a coordinator's pre-draft guesses)")
-    join_running_step: bool = setting(True, "Propose calls that arrive while a step drafts join it before its next "
-                                            "pass (iteration-level batching) instead of waiting for the whole step")
+    join_running_step: bool = setting(
+        True,
+        "Propose calls that arrive while a step drafts join it before its next "
+        "pass (iteration-level batching) instead of waiting for the whole step",
+    )
     max_alternatives: int = setting(8, "largest num_alternatives a Propose may ask for")
     default_draft_method: str = setting("model", "draft method for sessions that name none: model or ngram")
     ngram_min: int = setting(1, "n-gram drafter: shortest suffix matched")
@@ -35,7 +41,9 @@ class DraftSettings(ServerTlsSettings, StepBatchingSettings, CpuAffinitySettings
     ngram_max_proposal: int = setting(10, "n-gram drafter: most tokens proposed per round")
     grace_s: float = setting(10.0, "seconds in-flight calls get to finish after SIGTERM")
     metrics_port: int = setting(0, "port for Prometheus /metrics (0 = off)")
-    trace_exporter: str = setting("none", "where spans go: none, console, otlp (OTEL_EXPORTER_OTLP_* variables), "
-                                          "jsonl:PATH, memory; comma-separated")
+    trace_exporter: str = setting(
+        "none",
+        "where spans go: none, console, otlp (OTEL_EXPORTER_OTLP_* variables), jsonl:PATH, memory; comma-separated",
+    )
     trace_sample_ratio: float = setting(1.0, "share of new traces recorded (parent-based: callers' choice wins)")
     log_level: str = setting("INFO", "logging level")

@@ -34,6 +34,7 @@ DEFAULT_OUT = REPO_ROOT / "load_tests" / "results" / "latest"
 def _csv(kind):
     def parse(raw: str) -> tuple:
         return tuple(kind(part.strip()) for part in raw.split(",") if part.strip())
+
     return parse
 
 
@@ -49,8 +50,9 @@ def is_loopback(address: str) -> bool:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m load_tests", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m load_tests", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--address", help="HOST:PORT of a running coordinator")
     where.add_argument("--start-stack", action="store_true", help="start draft, verify and coordinator on loopback")
@@ -59,44 +61,94 @@ def parser() -> argparse.ArgumentParser:
     stack.add_argument("--target", default=str(DEMO_TARGET_DIR), help="target model directory")
     stack.add_argument("--draft", default=str(DEMO_DRAFT_DIR), help="draft model directory")
     stack.add_argument("--threads", type=int, default=1, help="CPU threads of each model service")
-    stack.add_argument("--draft-arg", action="append", default=[], metavar="FLAG",
-                       help="extra draft-service flag, e.g. --draft-arg=--max-sessions=64 (repeatable)")
+    stack.add_argument(
+        "--draft-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="extra draft-service flag, e.g. --draft-arg=--max-sessions=64 (repeatable)",
+    )
     stack.add_argument("--verify-arg", action="append", default=[], metavar="FLAG", help="extra verify-service flag")
-    stack.add_argument("--coordinator-arg", action="append", default=[], metavar="FLAG",
-                       help="extra coordinator flag, e.g. --coordinator-arg=--no-overlap")
-    baseline = p.add_argument_group("baseline stack (with --start-stack): a second stack, the first one's flags plus "
-                                    "these, that every level also runs on, back to back; the report compares them")
-    baseline.add_argument("--baseline-batching-off", action="store_true",
-                          help="the baseline is the same stack with batching off (--max-batch-size=1 on the draft "
-                               "and verify services)")
+    stack.add_argument(
+        "--coordinator-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="extra coordinator flag, e.g. --coordinator-arg=--no-overlap",
+    )
+    baseline = p.add_argument_group(
+        "baseline stack (with --start-stack): a second stack, the first one's flags plus "
+        "these, that every level also runs on, back to back; the report compares them"
+    )
+    baseline.add_argument(
+        "--baseline-batching-off",
+        action="store_true",
+        help="the baseline is the same stack with batching off (--max-batch-size=1 on the draft and verify services)",
+    )
     for service in ("draft", "verify", "coordinator"):
-        baseline.add_argument(f"--baseline-{service}-arg", action="append", default=[], metavar="FLAG",
-                              help=f"extra {service} flag of the baseline stack (repeatable)")
+        baseline.add_argument(
+            f"--baseline-{service}-arg",
+            action="append",
+            default=[],
+            metavar="FLAG",
+            help=f"extra {service} flag of the baseline stack (repeatable)",
+        )
     load = p.add_argument_group("load")
-    load.add_argument("--concurrency", type=_csv(int), default=(1, 2, 4, 8, 16),
-                      help="closed-loop concurrency levels, comma-separated (empty for none) [1,2,4,8,16]")
-    load.add_argument("--rates", type=_csv(float), default=(),
-                      help="open-loop Poisson arrival rates in requests/s, comma-separated [none]")
-    load.add_argument("--prompt-sets", type=_csv(str), default=("code", "grounded"),
-                      help=f"prompt sets among {','.join(PROMPT_SETS)} [code,grounded]")
+    load.add_argument(
+        "--concurrency",
+        type=_csv(int),
+        default=(1, 2, 4, 8, 16),
+        help="closed-loop concurrency levels, comma-separated (empty for none) [1,2,4,8,16]",
+    )
+    load.add_argument(
+        "--rates",
+        type=_csv(float),
+        default=(),
+        help="open-loop Poisson arrival rates in requests/s, comma-separated [none]",
+    )
+    load.add_argument(
+        "--prompt-sets",
+        type=_csv(str),
+        default=("code", "grounded"),
+        help=f"prompt sets among {','.join(PROMPT_SETS)} [code,grounded]",
+    )
     load.add_argument("--modes", type=_csv(str), default=MODES, help="spec and/or plain [spec,plain]")
-    load.add_argument("--requests", type=int, default=0,
-                      help="requests per level; 0 = max(16, 6 x concurrency), or ~20 s of arrivals for a rate [0]")
-    load.add_argument("--duration-s", type=float, default=120.0,
-                      help="no request of a level starts after this many seconds [120]")
+    load.add_argument(
+        "--requests",
+        type=int,
+        default=0,
+        help="requests per level; 0 = max(16, 6 x concurrency), or ~20 s of arrivals for a rate [0]",
+    )
+    load.add_argument(
+        "--duration-s", type=float, default=120.0, help="no request of a level starts after this many seconds [120]"
+    )
     load.add_argument("--max-new-tokens", type=int, default=128)
-    load.add_argument("--gamma", "--num-speculative-tokens", dest="gamma", type=int, default=None,
-                      help="γ of the speculative mode [the server's default]")
+    load.add_argument(
+        "--gamma",
+        "--num-speculative-tokens",
+        dest="gamma",
+        type=int,
+        default=None,
+        help="γ of the speculative mode [the server's default]",
+    )
     load.add_argument("--temperature", type=float, default=0.0)
     load.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     load.add_argument("--seed", type=int, default=0, help="prompt choice, request seeds and arrivals")
     load.add_argument("--request-timeout-s", type=float, default=300.0)
     load.add_argument("--warmup", type=int, default=2, help="unmeasured requests per mode before the sweep")
-    load.add_argument("--repeats", type=int, default=1,
-                      help="runs of each (load, prompt set) pair, modes alternating; ratios are their medians [1]")
-    p.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT,
-                   help="output directory; an earlier run's files there are overwritten "
-                        "[load_tests/results/latest, which git ignores]")
+    load.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of each (load, prompt set) pair, modes alternating; ratios are their medians [1]",
+    )
+    p.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=DEFAULT_OUT,
+        help="output directory; an earlier run's files there are overwritten "
+        "[load_tests/results/latest, which git ignores]",
+    )
     return p
 
 
@@ -106,14 +158,28 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
         raise SystemExit(f"--prompt-sets: choose from {', '.join(PROMPT_SETS)}")
     if not args.concurrency and not args.rates:
         raise SystemExit("give at least one --concurrency level or --rates value")
-    config = SweepConfig(concurrency=args.concurrency, rates=args.rates, prompt_sets=args.prompt_sets,
-                       modes=args.modes, requests=args.requests, duration_s=args.duration_s,
-                       max_new_tokens=args.max_new_tokens, num_speculative_tokens=args.gamma,
-                       temperature=args.temperature, stop=tuple(args.stop), seed=args.seed,
-                       request_timeout_s=args.request_timeout_s, warmup=args.warmup, repeats=args.repeats,
-                       stack=flags_description({"draft": args.draft_arg, "verify": args.verify_arg,
-                                                "coordinator": args.coordinator_arg}) if args.start_stack else "",
-                       baseline=flags_description(baseline_args(args)))
+    config = SweepConfig(
+        concurrency=args.concurrency,
+        rates=args.rates,
+        prompt_sets=args.prompt_sets,
+        modes=args.modes,
+        requests=args.requests,
+        duration_s=args.duration_s,
+        max_new_tokens=args.max_new_tokens,
+        num_speculative_tokens=args.gamma,
+        temperature=args.temperature,
+        stop=tuple(args.stop),
+        seed=args.seed,
+        request_timeout_s=args.request_timeout_s,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        stack=flags_description(
+            {"draft": args.draft_arg, "verify": args.verify_arg, "coordinator": args.coordinator_arg}
+        )
+        if args.start_stack
+        else "",
+        baseline=flags_description(baseline_args(args)),
+    )
     try:
         config.plan()  # modes, repeats: refused here, before a stack starts
     except ValueError as error:
@@ -123,8 +189,7 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
 
 def baseline_args(args: argparse.Namespace) -> dict[str, list[str]]:
     """The baseline stack's extra flags per service ({} when there is no baseline stack)."""
-    extra = {service: list(getattr(args, f"baseline_{service}_arg"))
-             for service in ("draft", "verify", "coordinator")}
+    extra = {service: list(getattr(args, f"baseline_{service}_arg")) for service in ("draft", "verify", "coordinator")}
     if args.baseline_batching_off:
         for service in ("draft", "verify"):
             extra[service].append("--max-batch-size=1")
@@ -139,8 +204,11 @@ def flags_description(extra: dict[str, list[str]]) -> str:
 def write_outputs(report: dict, out: pathlib.Path) -> list[pathlib.Path]:
     """report.json, levels.csv, the PNGs and summary.txt under `out`."""
     summary = summary_text(report)
-    paths = [write_json(report, out / "report.json"), write_csv(report["levels"], out / "levels.csv"),
-             *plot_report(report, out)]
+    paths = [
+        write_json(report, out / "report.json"),
+        write_csv(report["levels"], out / "levels.csv"),
+        *plot_report(report, out),
+    ]
     (out / "summary.txt").write_text(summary + "\n")
     return [*paths, out / "summary.txt"]
 
@@ -148,8 +216,9 @@ def write_outputs(report: dict, out: pathlib.Path) -> list[pathlib.Path]:
 def run(args: argparse.Namespace, address: str, baseline_address: str | None = None) -> dict:
     config = config_from_args(args)
     started = time.perf_counter()
-    report = asyncio.run(Sweep(address, config, log=lambda line: print(line, flush=True),
-                               baseline_address=baseline_address).run())
+    report = asyncio.run(
+        Sweep(address, config, log=lambda line: print(line, flush=True), baseline_address=baseline_address).run()
+    )
     paths = write_outputs(report, args.out)
     print(summary_text(report))
     print(f"sweep took {time.perf_counter() - started:.0f}s; wrote {', '.join(str(p) for p in paths)}")
@@ -173,11 +242,19 @@ def main(argv: list[str] | None = None) -> dict:
         for name, more in [("stack", {})] + ([("baseline stack", extra)] if extra else []):
             print(f"starting the {name} (target {args.target}, draft {args.draft}) ...", flush=True)
             started = time.perf_counter()
-            stack = stacks.enter_context(LocalStack(
-                args.target, args.draft, draft_args=[*threads, *args.draft_arg, *more.get("draft", [])],
-                verify_args=[*threads, *args.verify_arg, *more.get("verify", [])],
-                coordinator_args=[*args.coordinator_arg, *more.get("coordinator", [])]))
-            print(f"{name} ready in {time.perf_counter() - started:.1f}s: coordinator at {stack.address}, "
-                  f"logs in {stack.log_dir}", flush=True)
+            stack = stacks.enter_context(
+                LocalStack(
+                    args.target,
+                    args.draft,
+                    draft_args=[*threads, *args.draft_arg, *more.get("draft", [])],
+                    verify_args=[*threads, *args.verify_arg, *more.get("verify", [])],
+                    coordinator_args=[*args.coordinator_arg, *more.get("coordinator", [])],
+                )
+            )
+            print(
+                f"{name} ready in {time.perf_counter() - started:.1f}s: coordinator at {stack.address}, "
+                f"logs in {stack.log_dir}",
+                flush=True,
+            )
             addresses.append(stack.address)
         return run(args, *addresses)

@@ -61,8 +61,13 @@ def _finish_name(value: int) -> str:
     return coordinator_pb2.FinishReason.Name(value).removeprefix("FINISH_REASON_")
 
 
-async def timed_request(stub: coordinator_pb2_grpc.CoordinatorStub, request: coordinator_pb2.GenerateRequest,
-                        index: int, level_start: float, timeout_s: float) -> RequestResult:
+async def timed_request(
+    stub: coordinator_pb2_grpc.CoordinatorStub,
+    request: coordinator_pb2.GenerateRequest,
+    index: int,
+    level_start: float,
+    timeout_s: float,
+) -> RequestResult:
     """Sends one GenerateStream call and times every chunk; a failed call becomes its status code name."""
     started = time.perf_counter()
     result = RequestResult(index=index, status=OK, start_s=started - level_start, e2e_s=0.0)
@@ -130,7 +135,9 @@ async def run_closed_loop(send: Send, concurrency: int, max_requests: int, durat
             results.append(await send(index, started))
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return LoopOutcome(results, time.perf_counter() - started, stopped_by if len(results) < max_requests else "requests")
+    return LoopOutcome(
+        results, time.perf_counter() - started, stopped_by if len(results) < max_requests else "requests"
+    )
 
 
 def poisson_offsets(rate_rps: float, max_requests: int, duration_s: float, seed: int) -> list[float]:
@@ -146,8 +153,9 @@ def poisson_offsets(rate_rps: float, max_requests: int, duration_s: float, seed:
     return offsets
 
 
-async def run_open_loop(send: Send, rate_rps: float, max_requests: int, duration_s: float,
-                        seed: int = 0) -> LoopOutcome:
+async def run_open_loop(
+    send: Send, rate_rps: float, max_requests: int, duration_s: float, seed: int = 0
+) -> LoopOutcome:
     """Requests arrive as a Poisson process at `rate_rps` whatever the server's pace (an open system):
     a slow server builds a queue instead of slowing the arrivals."""
     offsets = poisson_offsets(rate_rps, max_requests, duration_s, seed)
@@ -164,5 +172,6 @@ async def run_open_loop(send: Send, rate_rps: float, max_requests: int, duration
             await asyncio.sleep(delay)
         tasks.append(asyncio.ensure_future(send_and_keep(index)))
     await asyncio.gather(*tasks)
-    return LoopOutcome(results, time.perf_counter() - started,
-                       "requests" if len(offsets) == max_requests else "duration")
+    return LoopOutcome(
+        results, time.perf_counter() - started, "requests" if len(offsets) == max_requests else "duration"
+    )

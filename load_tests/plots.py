@@ -22,8 +22,12 @@ from load_tests.report import STACK, load_label  # noqa: E402
 
 MODE_COLORS = {"spec": "tab:blue", "plain": "tab:orange"}
 PERCENTILE_STYLES = {"p50": "-", "p90": "--", "p99": ":"}
-LATENCY_PANELS = (("ttft", "time to first token"), ("itl", "inter-chunk latency (one round)"),
-                  ("tpot", "time per output token"), ("e2e", "end-to-end latency"))
+LATENCY_PANELS = (
+    ("ttft", "time to first token"),
+    ("itl", "inter-chunk latency (one round)"),
+    ("tpot", "time per output token"),
+    ("e2e", "end-to-end latency"),
+)
 
 
 def _x(level: dict) -> float:
@@ -71,11 +75,14 @@ def latency_figure(levels: list[dict], kind: str, title: str, path: pathlib.Path
     return path
 
 
-def throughput_figure(levels: list[dict], comparisons: list[dict], kind: str, title: str,
-                      path: pathlib.Path) -> pathlib.Path:
+def throughput_figure(
+    levels: list[dict], comparisons: list[dict], kind: str, title: str, path: pathlib.Path
+) -> pathlib.Path:
     figure, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    for axis, key, label in ((axes[0], "output_token_throughput_tps", "output tokens/s"),
-                             (axes[1], "request_throughput_rps", "completed requests/s")):
+    for axis, key, label in (
+        (axes[0], "output_token_throughput_tps", "output tokens/s"),
+        (axes[1], "request_throughput_rps", "completed requests/s"),
+    ):
         for mode, color in MODE_COLORS.items():
             xs, ys = _series(levels, mode, lambda lv: lv[key])
             if xs:
@@ -87,8 +94,10 @@ def throughput_figure(levels: list[dict], comparisons: list[dict], kind: str, ti
         axis.legend(fontsize=8)
         _x_axis(axis, kind, levels)
     ratio_axis = axes[2]
-    for key, label, color in (("e2e_p50_ratio", "median e2e latency", "tab:red"),
-                              ("output_token_throughput_ratio", "output-token throughput", "tab:green")):
+    for key, label, color in (
+        ("e2e_p50_ratio", "median e2e latency", "tab:red"),
+        ("output_token_throughput_ratio", "output-token throughput", "tab:green"),
+    ):
         points = sorted((_x(row), row[key]) for row in comparisons if row[key] is not None)
         if points:
             ratio_axis.plot([p[0] for p in points], [p[1] for p in points], "-", marker="o", color=color, label=label)
@@ -109,13 +118,26 @@ def baseline_figure(rows: list[dict], baseline: str, title: str, path: pathlib.P
     a dot per run, and the median stack/baseline ratio above each pair."""
     figure, axis = plt.subplots(figsize=(max(6.0, 1.6 * len(rows) + 2), 4.5))
     for index, row in enumerate(rows):
-        for offset, key, color, label in ((-0.2, "stack_tps", "tab:blue", "stack"),
-                                          (0.2, "baseline_tps", "tab:grey", f"baseline: {baseline}")):
-            axis.bar(index + offset, statistics.median(row[key]), width=0.4, color=color, alpha=0.7,
-                     label=label if index == 0 else None)
+        for offset, key, color, label in (
+            (-0.2, "stack_tps", "tab:blue", "stack"),
+            (0.2, "baseline_tps", "tab:grey", f"baseline: {baseline}"),
+        ):
+            axis.bar(
+                index + offset,
+                statistics.median(row[key]),
+                width=0.4,
+                color=color,
+                alpha=0.7,
+                label=label if index == 0 else None,
+            )
             axis.plot([index + offset] * len(row[key]), row[key], "o", color="black", markersize=3)
-        axis.annotate(f"×{row['output_token_throughput_ratio']:.2f}", (index, max(row["stack_tps"])),
-                      textcoords="offset points", xytext=(0, 6), ha="center")
+        axis.annotate(
+            f"×{row['output_token_throughput_ratio']:.2f}",
+            (index, max(row["stack_tps"])),
+            textcoords="offset points",
+            xytext=(0, 6),
+            ha="center",
+        )
     axis.set_xticks(range(len(rows)), [f"{row['prompt_set']} {row['mode']}\n{load_label(row)}" for row in rows])
     axis.set_ylabel("output tokens/s")
     axis.set_ylim(top=axis.get_ylim()[1] * 1.12)
@@ -138,15 +160,25 @@ def plot_report(report: dict, out_dir: pathlib.Path) -> list[pathlib.Path]:
     groups = sorted({(lv["load"], lv["prompt_set"]) for lv in tested})
     for kind, prompt_set in groups:
         levels = [lv for lv in tested if lv["load"] == kind and lv["prompt_set"] == prompt_set]
-        rows = [row for row in report["comparisons"] if row["load"] == kind and row["prompt_set"] == prompt_set
-                and row.get("stack", STACK) == STACK]
-        title = (f"{prompt_set} prompts, max_new_tokens {report['config']['max_new_tokens']}, "
-                 f"γ {report['config']['num_speculative_tokens']} vs plain — {pathlib.Path(target).name}")
+        rows = [
+            row
+            for row in report["comparisons"]
+            if row["load"] == kind and row["prompt_set"] == prompt_set and row.get("stack", STACK) == STACK
+        ]
+        title = (
+            f"{prompt_set} prompts, max_new_tokens {report['config']['max_new_tokens']}, "
+            f"γ {report['config']['num_speculative_tokens']} vs plain — {pathlib.Path(target).name}"
+        )
         paths.append(latency_figure(levels, kind, title, out_dir / f"latency_{kind}_{prompt_set}.png"))
         paths.append(throughput_figure(levels, rows, kind, title, out_dir / f"throughput_{kind}_{prompt_set}.png"))
     if report.get("baseline_comparisons"):
-        title = (f"stack vs baseline, max_new_tokens {report['config']['max_new_tokens']} — "
-                 f"{pathlib.Path(target).name}")
-        paths.append(baseline_figure(report["baseline_comparisons"], report["config"]["baseline"], title,
-                                     out_dir / "throughput_vs_baseline.png"))
+        title = f"stack vs baseline, max_new_tokens {report['config']['max_new_tokens']} — {pathlib.Path(target).name}"
+        paths.append(
+            baseline_figure(
+                report["baseline_comparisons"],
+                report["config"]["baseline"],
+                title,
+                out_dir / "throughput_vs_baseline.png",
+            )
+        )
     return paths

@@ -10,8 +10,8 @@ import random
 import re
 import textwrap
 from collections.abc import Callable, Sequence
-from functools import lru_cache
 from dataclasses import dataclass
+from functools import lru_cache
 
 from demo_pair.corpus import CorpusFile, load_split
 
@@ -47,8 +47,9 @@ def held_out_files() -> tuple[CorpusFile, ...]:
     return tuple(load_split(held_out=True))
 
 
-def code_prompts(count: int, seed: int = 0, min_chars: int = 200, max_chars: int = 600,
-                 files: Sequence[CorpusFile] | None = None) -> list[Prompt]:
+def code_prompts(
+    count: int, seed: int = 0, min_chars: int = 200, max_chars: int = 600, files: Sequence[CorpusFile] | None = None
+) -> list[Prompt]:
     """Windows of held-out stdlib source that end at a line break plus the next line's indentation, so the
     completion continues real code. Windows without code keywords (data tables) are skipped."""
     files = [f for f in (files if files is not None else held_out_files()) if len(f.text) > max_chars]
@@ -96,13 +97,22 @@ def _functions(corpus_file: CorpusFile, min_lines: int, max_lines: int, max_char
     return found
 
 
-def grounded_prompts(count: int, seed: int = 0, min_lines: int = 4, max_lines: int = 20, max_chars: int = 900,
-                     files: Sequence[CorpusFile] | None = None) -> list[Prompt]:
+def grounded_prompts(
+    count: int,
+    seed: int = 0,
+    min_lines: int = 4,
+    max_lines: int = 20,
+    max_chars: int = 900,
+    files: Sequence[CorpusFile] | None = None,
+) -> list[Prompt]:
     """Prompts that quote a held-out function and ask for it back (copied, rewritten, reformatted), ending
     with the function's first line so the completion starts re-typing the quoted code."""
     files = files if files is not None else held_out_files()
-    candidates = [(f.relative_path, number, body) for f in files
-                  for number, body in _functions(f, min_lines, max_lines, max_chars)]
+    candidates = [
+        (f.relative_path, number, body)
+        for f in files
+        for number, body in _functions(f, min_lines, max_lines, max_chars)
+    ]
     if not candidates:
         raise ValueError("no held-out function fits the grounded prompt bounds")
     rng = random.Random(seed)
@@ -110,18 +120,25 @@ def grounded_prompts(count: int, seed: int = 0, min_lines: int = 4, max_lines: i
     prompts = []
     for i, (path, number, body) in enumerate(chosen):
         template = GROUNDED_TEMPLATES[i % len(GROUNDED_TEMPLATES)]
-        prompts.append(Prompt("grounded", template.format(code=body, first_line=body.splitlines()[0]),
-                              f"{path}:{number}"))
+        prompts.append(
+            Prompt("grounded", template.format(code=body, first_line=body.splitlines()[0]), f"{path}:{number}")
+        )
     return prompts
 
 
-def word_prompts(count: int, seed: int = 0, vocab_size: int = 64, min_words: int = 3,
-                 max_words: int = 10) -> list[Prompt]:
+def word_prompts(
+    count: int, seed: int = 0, vocab_size: int = 64, min_words: int = 3, max_words: int = 10
+) -> list[Prompt]:
     """'w5 w17 w3 ...' prompts for the word-level tokenizer of the tiny test models (ids 1..vocab_size-1)."""
     rng = random.Random(seed)
-    return [Prompt("words", " ".join(f"w{rng.randrange(1, vocab_size)}"
-                                     for _ in range(rng.randint(min_words, max_words))), f"words:{i}")
-            for i in range(count)]
+    return [
+        Prompt(
+            "words",
+            " ".join(f"w{rng.randrange(1, vocab_size)}" for _ in range(rng.randint(min_words, max_words))),
+            f"words:{i}",
+        )
+        for i in range(count)
+    ]
 
 
 PROMPT_SETS: dict[str, Callable[..., list[Prompt]]] = {

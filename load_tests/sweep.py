@@ -109,8 +109,9 @@ class SweepConfig:
             raise ValueError(f"modes must be among {MODES}, got {self.modes}")
         if self.repeats < 1:
             raise ValueError(f"repeats must be at least 1, got {self.repeats}")
-        loads = ([Load("concurrency", c) for c in sorted(set(self.concurrency))]
-                 + [Load("rate", r) for r in sorted(set(self.rates))])
+        loads = [Load("concurrency", c) for c in sorted(set(self.concurrency))] + [
+            Load("rate", r) for r in sorted(set(self.rates))
+        ]
         levels: list[LevelPlan] = []
         for pair, (load, prompt_set) in enumerate((ld, ps) for ld in loads for ps in self.prompt_sets):
             for repeat in range(self.repeats):
@@ -119,28 +120,36 @@ class SweepConfig:
                 stacks = (STACK, BASELINE) if self.baseline else (STACK,)
                 for mode in modes:
                     for stack in stacks if forward else tuple(reversed(stacks)):
-                        levels.append(LevelPlan(len(levels), load, prompt_set, mode, self.requests_for(load), pair,
-                                                repeat, stack))
+                        levels.append(
+                            LevelPlan(len(levels), load, prompt_set, mode, self.requests_for(load), pair, repeat, stack)
+                        )
         return levels
 
 
 def environment() -> dict:
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
-                                timeout=10).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
-    return {"host": platform.node(), "platform": platform.platform(), "python": sys.version.split()[0],
-            "cpu_count": os.cpu_count(), "git_commit": commit,
-            "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "cpu_count": os.cpu_count(),
+        "git_commit": commit,
+        "started_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
 
 
 class Sweep:
     """Runs a SweepConfig against the coordinator at `address` (and the baseline's at `baseline_address`) and
     builds the report."""
 
-    def __init__(self, address: str, config: SweepConfig, log: Callable[[str], None] = print,
-                 baseline_address: str | None = None):
+    def __init__(
+        self, address: str, config: SweepConfig, log: Callable[[str], None] = print, baseline_address: str | None = None
+    ):
         if bool(config.baseline) != (baseline_address is not None):
             raise ValueError("a baseline stack needs both config.baseline and baseline_address")
         self.addresses = {STACK: address, **({BASELINE: baseline_address} if baseline_address else {})}
@@ -153,29 +162,44 @@ class Sweep:
 
     def _request(self, prompt: Prompt, mode: str, index: int, request_id: str):
         config = self.config
-        return build_request(prompt.prompt, max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-                             seed=config.seed + index, stop=config.stop, num_speculative_tokens=self._gamma(mode),
-                             include_stats=True, request_id=request_id)
+        return build_request(
+            prompt.prompt,
+            max_new_tokens=config.max_new_tokens,
+            temperature=config.temperature,
+            seed=config.seed + index,
+            stop=config.stop,
+            num_speculative_tokens=self._gamma(mode),
+            include_stats=True,
+            request_id=request_id,
+        )
 
     async def _run_level(self, stub, level: LevelPlan, prompts: list[Prompt]) -> LoopOutcome:
         config = self.config
 
         async def send(index: int, level_start: float) -> RequestResult:
-            request = self._request(prompts[index % len(prompts)], level.mode, index,
-                                    f"lt-{self.run_id}-{level.level_id}-{index}")
+            request = self._request(
+                prompts[index % len(prompts)], level.mode, index, f"lt-{self.run_id}-{level.level_id}-{index}"
+            )
             return await timed_request(stub, request, index, level_start, config.request_timeout_s)
 
         if level.load.kind == "concurrency":
             return await run_closed_loop(send, int(level.load.value), level.requests, config.duration_s)
-        return await run_open_loop(send, level.load.value, level.requests, config.duration_s,
-                                   seed=config.seed + level.pair)
+        return await run_open_loop(
+            send, level.load.value, level.requests, config.duration_s, seed=config.seed + level.pair
+        )
 
     async def _warm_up(self, stub, prompts: list[Prompt]) -> None:
         for mode in self.config.modes:
             for index in range(self.config.warmup):
-                result = await timed_request(stub, self._request(prompts[index % len(prompts)], mode, index,
-                                                                 f"lt-{self.run_id}-warmup-{mode}-{index}"),
-                                             index, time.perf_counter(), self.config.request_timeout_s)
+                result = await timed_request(
+                    stub,
+                    self._request(
+                        prompts[index % len(prompts)], mode, index, f"lt-{self.run_id}-warmup-{mode}-{index}"
+                    ),
+                    index,
+                    time.perf_counter(),
+                    self.config.request_timeout_s,
+                )
                 if not result.ok:
                     self.log(f"warm-up request ({mode}) failed: {result.status} {result.error}")
 
@@ -184,15 +208,20 @@ class Sweep:
         address = self.addresses[stack]
         try:
             await asyncio.wait_for(channel.channel_ready(), timeout=60)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise SystemExit(f"no coordinator answered at {address} within 60 s") from None
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         info = await stub.Info(common_pb2.InfoRequest(), timeout=30)
-        server = {"address": address, "target_model_id": info.target_model_id,
-                  "draft_replicas": list(info.draft_replicas), "verify_replicas": list(info.verify_replicas),
-                  "default_num_speculative_tokens": info.default_num_speculative_tokens,
-                  "max_new_tokens_limit": info.max_new_tokens_limit,
-                  "max_context_tokens": info.max_context_tokens, "overlap": info.overlap}
+        server = {
+            "address": address,
+            "target_model_id": info.target_model_id,
+            "draft_replicas": list(info.draft_replicas),
+            "verify_replicas": list(info.verify_replicas),
+            "default_num_speculative_tokens": info.default_num_speculative_tokens,
+            "max_new_tokens_limit": info.max_new_tokens_limit,
+            "max_context_tokens": info.max_context_tokens,
+            "overlap": info.overlap,
+        }
         gamma = self.config.num_speculative_tokens
         return stub, server, gamma if gamma is not None else info.default_num_speculative_tokens
 
@@ -205,27 +234,40 @@ class Sweep:
             stubs, servers, gammas = {}, {}, {}
             for stack, address in self.addresses.items():
                 channel = await channels.enter_async_context(
-                    grpc.aio.insecure_channel(address, options=channel_options()))
+                    grpc.aio.insecure_channel(address, options=channel_options())
+                )
                 stubs[stack], servers[stack], gammas[stack] = await self._connect(channel, stack)
-                self.log(f"{stack} coordinator {address}: target {servers[stack]['target_model_id']}, γ {gammas[stack]}, "
-                         f"overlap {servers[stack]['overlap']}"
-                         + (f"; baseline: {config.baseline}" if stack == BASELINE else ""))
+                self.log(
+                    f"{stack} coordinator {address}: target {servers[stack]['target_model_id']}, γ {gammas[stack]}, "
+                    f"overlap {servers[stack]['overlap']}"
+                    + (f"; baseline: {config.baseline}" if stack == BASELINE else "")
+                )
                 await self._warm_up(stubs[stack], prompts[config.prompt_sets[0]])
             self.log(f"{len(plan)} levels, prompt pool {pool} per set")
             levels, requests = [], []
             for level in plan:
                 outcome = await self._run_level(stubs[level.stack], level, prompts[level.prompt_set])
-                identity = {"level_id": level.level_id, "order": level.order, "load": level.load.kind,
-                            "concurrency": int(level.load.value) if level.load.kind == "concurrency" else None,
-                            "rate_rps": level.load.value if level.load.kind == "rate" else None,
-                            "prompt_set": level.prompt_set, "mode": level.mode, "repeat": level.repeat,
-                            "stack": level.stack, "num_speculative_tokens": 0 if level.mode == "plain" else gammas[level.stack]}
+                identity = {
+                    "level_id": level.level_id,
+                    "order": level.order,
+                    "load": level.load.kind,
+                    "concurrency": int(level.load.value) if level.load.kind == "concurrency" else None,
+                    "rate_rps": level.load.value if level.load.kind == "rate" else None,
+                    "prompt_set": level.prompt_set,
+                    "mode": level.mode,
+                    "repeat": level.repeat,
+                    "stack": level.stack,
+                    "num_speculative_tokens": 0 if level.mode == "plain" else gammas[level.stack],
+                }
                 summary = summarize_level(identity, outcome.results, outcome.wall_s, outcome.stopped_by)
                 levels.append(summary)
-                requests.extend(request_record(level.level_id, r) for r in sorted(outcome.results,
-                                                                                    key=lambda r: r.index))
+                requests.extend(
+                    request_record(level.level_id, r) for r in sorted(outcome.results, key=lambda r: r.index)
+                )
                 self.log(progress_line(summary, len(plan)))
-        config_record = {**{key: list(value) if isinstance(value, tuple) else value
-                            for key, value in asdict(config).items()},
-                         "num_speculative_tokens": gammas[STACK], "run_id": self.run_id}
+        config_record = {
+            **{key: list(value) if isinstance(value, tuple) else value for key, value in asdict(config).items()},
+            "num_speculative_tokens": gammas[STACK],
+            "run_id": self.run_id,
+        }
         return build_report(config_record, servers[STACK], environment(), levels, requests, servers.get(BASELINE))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh Debian machine with Python 3.11, then runs a task:
 #   bash scripts/bootstrap.sh up      # the whole stack on loopback answering a real prompt
-#   bash scripts/bootstrap.sh test    # the test suite
+#   bash scripts/bootstrap.sh test    # ruff (lint + format check), then the test suite
 # Extra arguments go to the task (python -m specdec up ... / pytest ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +22,10 @@ echo "installing Python packages (requirements-test.txt; torch pinned in require
 
 case "$task" in
   up)   exec .venv/bin/python -m specdec up "$@" ;;
-  test) exec .venv/bin/python -m pytest "$@" ;;
+  test)
+    echo "ruff: lint and format check (settings in pyproject.toml) ..."
+    .venv/bin/ruff check .
+    .venv/bin/ruff format --check .
+    exec .venv/bin/python -m pytest "$@" ;;
   *)    echo "unknown task: $task (use up or test)" >&2; exit 2 ;;
 esac

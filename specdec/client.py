@@ -10,19 +10,33 @@ from specdec.grpc_options import channel_options
 from specdec.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 
-def build_request(prompt: str | Sequence[int], max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
-                  top_p: float | None = None, seed: int | None = None, stop: Sequence[str] = (),
-                  num_speculative_tokens: int | None = None, include_stats: bool = False, request_id: str = "",
-                  draft_method: int = common_pb2.DRAFT_METHOD_UNSPECIFIED) -> coordinator_pb2.GenerateRequest:
+def build_request(
+    prompt: str | Sequence[int],
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stop: Sequence[str] = (),
+    num_speculative_tokens: int | None = None,
+    include_stats: bool = False,
+    request_id: str = "",
+    draft_method: int = common_pb2.DRAFT_METHOD_UNSPECIFIED,
+) -> coordinator_pb2.GenerateRequest:
     """A GenerateRequest from keyword arguments; a str prompt is text, a sequence of ints is token ids."""
     sampling = common_pb2.SamplingParams(temperature=temperature, top_k=top_k)
     if top_p is not None:
         sampling.top_p = top_p
     if seed is not None:
         sampling.seed = seed
-    request = coordinator_pb2.GenerateRequest(max_new_tokens=max_new_tokens, sampling=sampling, stop=list(stop),
-                                              include_stats=include_stats, request_id=request_id,
-                                              draft_method=draft_method)
+    request = coordinator_pb2.GenerateRequest(
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        stop=list(stop),
+        include_stats=include_stats,
+        request_id=request_id,
+        draft_method=draft_method,
+    )
     if isinstance(prompt, str):
         request.text = prompt
     else:
@@ -35,10 +49,18 @@ def build_request(prompt: str | Sequence[int], max_new_tokens: int = 64, tempera
 class Client:
     """Blocking client of the Coordinator service."""
 
-    def __init__(self, address: str, timeout_s: float = 300.0, credentials: grpc.ChannelCredentials | None = None,
-                 api_key: str | None = None):
-        self.channel = (grpc.secure_channel(address, credentials, options=channel_options()) if credentials
-                        else grpc.insecure_channel(address, options=channel_options()))
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float = 300.0,
+        credentials: grpc.ChannelCredentials | None = None,
+        api_key: str | None = None,
+    ):
+        self.channel = (
+            grpc.secure_channel(address, credentials, options=channel_options())
+            if credentials
+            else grpc.insecure_channel(address, options=channel_options())
+        )
         self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
         self.timeout_s = timeout_s
         self.metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()

@@ -16,8 +16,9 @@ log = logging.getLogger(__name__)
 class CpuAffinitySettings:
     """The pinning part of a service's settings (a base of each one's settings class)."""
 
-    cpus: str = setting("", "CPU cores this service and the processes it starts run on, e.g. '1' or '0,2-3' "
-                            "(empty: any core)")
+    cpus: str = setting(
+        "", "CPU cores this service and the processes it starts run on, e.g. '1' or '0,2-3' (empty: any core)"
+    )
 
 
 def parse_cpus(spec: str) -> set[int]:

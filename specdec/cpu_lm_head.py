@@ -45,8 +45,12 @@ class OneDnnLinear(nn.Linear):
 def use_onednn_lm_head(model: nn.Module) -> bool:
     """Runs a CPU float32 model's LM head (its output embeddings) on oneDNN; returns whether it does."""
     head = model.get_output_embeddings()
-    if (not onednn_available() or type(head) is not nn.Linear or head.weight.device.type != "cpu"
-            or head.weight.dtype != torch.float32):
+    if (
+        not onednn_available()
+        or type(head) is not nn.Linear
+        or head.weight.device.type != "cpu"
+        or head.weight.dtype != torch.float32
+    ):
         return False
     OneDnnLinear.convert(head)
     log.info("LM head (%d -> %d) runs on oneDNN", head.in_features, head.out_features)

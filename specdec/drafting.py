@@ -39,8 +39,11 @@ class DraftJob:
         token = sample_token(probs, self.params, position=len(self.session), stream=Stream.DRAFT)
         if not self.params.greedy:
             self.rows.append(probs)
-        ranked = logits.topk(min(self.num_alternatives + 1, logits.shape[-1])).indices.tolist() \
-            if self.num_alternatives else []
+        ranked = (
+            logits.topk(min(self.num_alternatives + 1, logits.shape[-1])).indices.tolist()
+            if self.num_alternatives
+            else []
+        )
         self.take(token, ranked)
         return token
 
@@ -49,7 +52,7 @@ class DraftJob:
         (at least num_alternatives + 1 of them, most likely first) to take the alternatives from."""
         self.tokens.append(token)
         if self.num_alternatives:
-            self.alternatives.append([t for t in ranked if t != token][:self.num_alternatives])
+            self.alternatives.append([t for t in ranked if t != token][: self.num_alternatives])
 
     def result(self) -> Drafted:
         probs = None if self.params.greedy or not self.rows else torch.stack(self.rows)  # [γ, V]
@@ -116,8 +119,9 @@ class DraftRun:
         """Sessions the next step feeds."""
         return len(self._live)
 
-    def add(self, key: object, session: KVSession, num_tokens: int, params: SamplingParams,
-            num_alternatives: int = 0) -> Drafted | Exception | None:
+    def add(
+        self, key: object, session: KVSession, num_tokens: int, params: SamplingParams, num_alternatives: int = 0
+    ) -> Drafted | Exception | None:
         """Starts drafting num_tokens tokens after the session's sequence; `key` names it in step()'s results.
         Returns its outcome at once when there is nothing to draft or it cannot start (the error), else None."""
         job = DraftJob(session, num_tokens, params, num_alternatives)
@@ -167,7 +171,6 @@ def draft_many(requests: Sequence[DraftRequest]) -> list[Drafted | Exception]:
     return results
 
 
-def draft_with_model(session: KVSession, num_tokens: int, params: SamplingParams,
-                     num_alternatives: int = 0) -> Drafted:
+def draft_with_model(session: KVSession, num_tokens: int, params: SamplingParams, num_alternatives: int = 0) -> Drafted:
     """One session's draft (see draft_many); raises its error."""
     return only_result(draft_many([(session, num_tokens, params, num_alternatives)]))

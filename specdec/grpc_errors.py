@@ -10,8 +10,16 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf.message import DecodeError
 
-from specdec.errors import (CapacityError, DownstreamUnavailableError, InvalidFieldError, RequestInProgressError,
-                            SessionExistsError, SessionNotFoundError, StaleBaseLenError, UnauthenticatedError)
+from specdec.errors import (
+    CapacityError,
+    DownstreamUnavailableError,
+    InvalidFieldError,
+    RequestInProgressError,
+    SessionExistsError,
+    SessionNotFoundError,
+    StaleBaseLenError,
+    UnauthenticatedError,
+)
 from specdec.kv_session import ContextOverflowError
 from specdec.sampling import NonFiniteLogitsError
 

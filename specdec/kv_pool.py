@@ -61,8 +61,9 @@ class KVPool:
         while positions > self.capacity:
             self.capacity *= 2
 
-    def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
-              values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(
+        self, layer: int, slots: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Stores keys/values [T, H_kv, D] of T tokens at (slots[t], positions[t]); returns the layer's buffers."""
         self._fit(layer, keys)
         self.keys[layer][slots, :, positions] = keys
@@ -93,7 +94,7 @@ class KVPool:
 def _grown(held: torch.Tensor | None, room: torch.Tensor) -> torch.Tensor:
     """room with held's contents copied into its leading corner."""
     if held is not None:
-        room[:held.shape[0], :, :held.shape[2]] = held
+        room[: held.shape[0], :, : held.shape[2]] = held
     return room
 
 

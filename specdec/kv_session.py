@@ -54,7 +54,8 @@ class KVSession:
         if len(self.tokens) + len(token_ids) > self.model.max_context_tokens:
             raise ContextOverflowError(
                 f"session would hold {len(self.tokens) + len(token_ids)} tokens, "
-                f"over the model's context of {self.model.max_context_tokens}")
+                f"over the model's context of {self.model.max_context_tokens}"
+            )
         self.tokens.extend(int(t) for t in token_ids)
 
     def plan_extend(self, token_ids: Sequence[int] = (), score_previous: bool = True) -> PlannedForward:
@@ -67,14 +68,14 @@ class KVSession:
         refeed_from = len(self.tokens) - rows
         if self.cached_len > refeed_from:
             self.cache.crop(refeed_from - self.cached_len)
-        return PlannedForward(self, self.tokens[self.cached_len:], rows)
+        return PlannedForward(self, self.tokens[self.cached_len :], rows)
 
     def plan_prefill(self) -> PlannedForward | None:
         """Plans feeding every token but the last, so the next extend scores from the last token on; None when
         there is nothing to feed."""
         if len(self.tokens) - self.cached_len <= 1:
             return None
-        return PlannedForward(self, self.tokens[self.cached_len:-1], 0)
+        return PlannedForward(self, self.tokens[self.cached_len : -1], 0)
 
     def extend(self, token_ids: Sequence[int] = (), score_previous: bool = True) -> torch.Tensor:
         """Appends token_ids and feeds every pending token in one forward pass.

@@ -41,20 +41,34 @@ class ServiceProcess:
         return self.process.returncode
 
 
-def start_service(name: str, module: str, args: Sequence[str], log_dir: pathlib.Path, timeout_s: float = 180.0,
-                  env: dict[str, str] | None = None) -> ServiceProcess:
+def start_service(
+    name: str,
+    module: str,
+    args: Sequence[str],
+    log_dir: pathlib.Path,
+    timeout_s: float = 180.0,
+    env: dict[str, str] | None = None,
+) -> ServiceProcess:
     """Runs `python -m module --address 127.0.0.1:0 args...` and waits for the port it reports."""
     log_path = log_dir / f"{name}.log"
     log_file = open(log_path, "ab")
-    process = subprocess.Popen([sys.executable, "-m", module, "--address", "127.0.0.1:0", *args], cwd=REPO_ROOT,
-                               stdout=subprocess.PIPE, stderr=log_file, env={**os.environ, **(env or {})}, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", module, "--address", "127.0.0.1:0", *args],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=log_file,
+        env={**os.environ, **(env or {})},
+        text=True,
+    )
     log_file.close()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         line = process.stdout.readline()
         if not line and process.poll() is not None:
-            raise RuntimeError(f"{name} exited with {process.returncode} before serving; see {log_path}:\n"
-                               + log_path.read_text()[-3000:])
+            raise RuntimeError(
+                f"{name} exited with {process.returncode} before serving; see {log_path}:\n"
+                + log_path.read_text()[-3000:]
+            )
         match = _PORT_LINE.search(line)
         if match:
             return ServiceProcess(name, process, int(match.group(1)), log_path)
@@ -77,16 +91,27 @@ class LocalStack:
 
     def start(self) -> LocalStack:
         try:
-            self.services["draft"] = start_service("draft", "draft_service", ["--model", self.draft, *self.draft_args],
-                                                   self.log_dir, env=self.env)
-            self.services["verify"] = start_service("verify", "verify_service",
-                                                    ["--model", self.target, *self.verify_args], self.log_dir,
-                                                    env=self.env)
+            self.services["draft"] = start_service(
+                "draft", "draft_service", ["--model", self.draft, *self.draft_args], self.log_dir, env=self.env
+            )
+            self.services["verify"] = start_service(
+                "verify", "verify_service", ["--model", self.target, *self.verify_args], self.log_dir, env=self.env
+            )
             self.services["coordinator"] = start_service(
-                "coordinator", "coordinator",
-                ["--tokenizer", self.target, "--draft-replicas", self.services["draft"].address,
-                 "--verify-replicas", self.services["verify"].address, *self.coordinator_args], self.log_dir,
-                env=self.env)
+                "coordinator",
+                "coordinator",
+                [
+                    "--tokenizer",
+                    self.target,
+                    "--draft-replicas",
+                    self.services["draft"].address,
+                    "--verify-replicas",
+                    self.services["verify"].address,
+                    *self.coordinator_args,
+                ],
+                self.log_dir,
+                env=self.env,
+            )
         except BaseException:
             self.stop()
             raise

@@ -57,11 +57,13 @@ def check_same_vocabulary(target: VocabularyIdentity, draft: VocabularyIdentity)
     if target.vocab_size != draft.vocab_size:
         raise TokenizerMismatchError(
             f"vocabulary size differs: target {target.model_id!r} has {target.vocab_size}, "
-            f"draft {draft.model_id!r} has {draft.vocab_size}")
+            f"draft {draft.model_id!r} has {draft.vocab_size}"
+        )
     if target.tokenizer_sha256 != draft.tokenizer_sha256:
         raise TokenizerMismatchError(
             f"token->id map differs: target {target.model_id!r} sha256 {target.tokenizer_sha256[:12]}…, "
-            f"draft {draft.model_id!r} sha256 {draft.tokenizer_sha256[:12]}…")
+            f"draft {draft.model_id!r} sha256 {draft.tokenizer_sha256[:12]}…"
+        )
 
 
 Cache = DynamicCache | SequenceKV
@@ -90,7 +92,8 @@ class LoadedModel:
             model.set_attn_implementation(PACKED_ATTENTION)
             self.kv_pool = KVPool(model.config.num_hidden_layers)  # every sequence's keys/values on this model
             head_dim = getattr(model.config, "head_dim", None) or (
-                model.config.hidden_size // model.config.num_attention_heads)
+                model.config.hidden_size // model.config.num_attention_heads
+            )
             if settings.attention_kernel and kernel_fits(self.device, model.dtype, head_dim):
                 self.attention_kernel = load_kernel()
 
@@ -103,15 +106,22 @@ class LoadedModel:
             torch.set_num_threads(settings.threads)
         started = time.perf_counter()
         tokenizer = AutoTokenizer.from_pretrained(settings.model)
-        model = AutoModelForCausalLM.from_pretrained(settings.model, dtype=DTYPES[settings.dtype],
-                                                     **from_pretrained_kwargs)
+        model = AutoModelForCausalLM.from_pretrained(
+            settings.model, dtype=DTYPES[settings.dtype], **from_pretrained_kwargs
+        )
         if "tp_plan" not in from_pretrained_kwargs:
             model = model.to(settings.device)
             use_onednn_lm_head(model)
         model.eval()
         params = sum(p.numel() for p in model.parameters())
-        log.info("loaded %s (%.1fM params, %s, %s) in %.1fs", settings.model, params / 1e6, settings.dtype,
-                 settings.device, time.perf_counter() - started)
+        log.info(
+            "loaded %s (%.1fM params, %s, %s) in %.1fs",
+            settings.model,
+            params / 1e6,
+            settings.dtype,
+            settings.device,
+            time.perf_counter() - started,
+        )
         return cls(settings, model, tokenizer)
 
     def new_cache(self) -> Cache:
@@ -124,8 +134,9 @@ class LoadedModel:
     def forward(self, input_ids: torch.Tensor, cache: Cache) -> torch.Tensor:
         """Runs input_ids [1, T] after the cached prefix, extending the cache; returns float32 logits [T, V]."""
         if self.packed:
-            return packed_forward(self.model, [(input_ids[0].tolist(), cache, input_ids.shape[1])], self.device,
-                                  self.attention_kernel)[0]
+            return packed_forward(
+                self.model, [(input_ids[0].tolist(), cache, input_ids.shape[1])], self.device, self.attention_kernel
+            )[0]
         output = self.model(input_ids=input_ids.to(self.device), cache=cache, use_cache=True)
         return output.logits[0].float()
 
@@ -138,10 +149,11 @@ class LoadedModel:
         return forward_each_row(self.forward, rows)
 
 
-def forward_each_row(forward: Callable[[torch.Tensor, Cache], torch.Tensor],
-                     rows: Sequence[tuple[Sequence[int], Cache, int]]) -> list[torch.Tensor]:
+def forward_each_row(
+    forward: Callable[[torch.Tensor, Cache], torch.Tensor], rows: Sequence[tuple[Sequence[int], Cache, int]]
+) -> list[torch.Tensor]:
     """forward_rows one row per pass: `forward(input_ids [1, T], cache)` -> logits [T, V], last `keep` rows kept."""
-    return [forward(torch.tensor([list(ids)], dtype=torch.long), cache)[len(ids) - keep:] for ids, cache, keep in rows]
+    return [forward(torch.tensor([list(ids)], dtype=torch.long), cache)[len(ids) - keep :] for ids, cache, keep in rows]
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:

@@ -62,8 +62,14 @@ class AttentionGrid:
     mask: torch.Tensor  # [hi - lo, 1, n, length] additive: 0 where a query sees a position, -inf elsewhere
 
     @classmethod
-    def plan_all(cls, rows: Sequence[PackedRow], offsets: Sequence[int], total_tokens: int, device: torch.device,
-                 dtype: torch.dtype) -> list[AttentionGrid]:
+    def plan_all(
+        cls,
+        rows: Sequence[PackedRow],
+        offsets: Sequence[int],
+        total_tokens: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> list[AttentionGrid]:
         """The grids of a step's short rows. In slot order, a row joins the grid before it where the slot-positions
         the grid would read with it (idle slots and positions past a row's end included) are no more than the two
         read apart plus GRID_CALL_POSITIONS; otherwise it starts a new one. A row left alone gets no grid: it
@@ -83,12 +89,20 @@ class AttentionGrid:
                     continue
             clusters.append([i])
             length = end
-        return [cls.plan(rows, cluster, offsets, total_tokens, device, dtype) for cluster in clusters
-                if len(cluster) > 1]
+        return [
+            cls.plan(rows, cluster, offsets, total_tokens, device, dtype) for cluster in clusters if len(cluster) > 1
+        ]
 
     @classmethod
-    def plan(cls, rows: Sequence[PackedRow], on_grid: Sequence[int], offsets: Sequence[int], total_tokens: int,
-             device: torch.device, dtype: torch.dtype) -> AttentionGrid:
+    def plan(
+        cls,
+        rows: Sequence[PackedRow],
+        on_grid: Sequence[int],
+        offsets: Sequence[int],
+        total_tokens: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> AttentionGrid:
         """The grid of the rows `on_grid` (indexes into rows, in slot order)."""
         slots = [rows[i].kv.slot for i in on_grid]
         lo, hi = min(slots), max(slots) + 1
@@ -109,8 +123,16 @@ class AttentionGrid:
         mask = _additive(visible).unsqueeze(1)  # [S, 1, n, L]
         in_packing_order = tokens == list(range(total_tokens))  # every token of the step, in order
         indexes = torch.tensor([tokens, slot_offsets, query_positions], device=device)  # [3, Tg]
-        return cls(tuple(on_grid), lo, hi, length, None if in_packing_order else indexes[0], indexes[1], indexes[2],
-                   mask.to(device, dtype))
+        return cls(
+            tuple(on_grid),
+            lo,
+            hi,
+            length,
+            None if in_packing_order else indexes[0],
+            indexes[1],
+            indexes[2],
+            mask.to(device, dtype),
+        )
 
 
 def _additive(visible: torch.Tensor) -> torch.Tensor:
@@ -124,35 +146,45 @@ def _causal_mask(row: PackedRow, device: torch.device, dtype: torch.dtype) -> to
     if row.count == 1:
         return None
     visible = torch.arange(row.start + row.count, device=device) <= (
-        row.start + torch.arange(row.count, device=device)).unsqueeze(1)
+        row.start + torch.arange(row.count, device=device)
+    ).unsqueeze(1)
     return _additive(visible).to(dtype)
 
 
 class PackedStep:
     """The rows of one packed forward, in packing order (passed to the attention function as a kwarg)."""
 
-    def __init__(self, rows: Sequence[PackedRow], device: torch.device, dtype: torch.dtype,
-                 kernel: AttendRows | None = None):
+    def __init__(
+        self, rows: Sequence[PackedRow], device: torch.device, dtype: torch.dtype, kernel: AttendRows | None = None
+    ):
         self.rows = list(rows)
         self.pool: KVPool = self.rows[0].kv.pool
         self.offsets = [0]  # row i's tokens are packed at offsets[i]..offsets[i+1]-1
         for row in self.rows:
             self.offsets.append(self.offsets[-1] + row.count)
         self.pool.reserve(max(row.start + row.count for row in self.rows))
-        self.positions = torch.tensor([p for r in self.rows for p in range(r.start, r.start + r.count)],
-                                      device=device)  # [T]
+        self.positions = torch.tensor(
+            [p for r in self.rows for p in range(r.start, r.start + r.count)], device=device
+        )  # [T]
         self.slots = torch.tensor([r.kv.slot for r in self.rows for _ in range(r.count)], device=device)  # [T]
         short = [i for i, row in enumerate(self.rows) if row.count <= GRID_MAX_TOKENS]
         self.kernel = kernel if short else None
         # With the kernel: its short rows as (slot, start, count, offset) [R, 4]; no grids.
-        self.kernel_rows = None if self.kernel is None else torch.tensor(
-            [[self.rows[i].kv.slot, self.rows[i].start, self.rows[i].count, self.offsets[i]] for i in short])
-        self.grids = [] if self.kernel is not None else AttentionGrid.plan_all(
-            self.rows, self.offsets, self.total_tokens, device, dtype)
+        self.kernel_rows = (
+            None
+            if self.kernel is None
+            else torch.tensor(
+                [[self.rows[i].kv.slot, self.rows[i].start, self.rows[i].count, self.offsets[i]] for i in short]
+            )
+        )
+        self.grids = (
+            []
+            if self.kernel is not None
+            else AttentionGrid.plan_all(self.rows, self.offsets, self.total_tokens, device, dtype)
+        )
         shared = set(short) if self.kernel is not None else {i for grid in self.grids for i in grid.rows}
         # (row index, its causal mask [n, start+n] or None for one token): the rows attending one per call
-        self.single_rows = [(i, _causal_mask(row, device, dtype)) for i, row in enumerate(self.rows)
-                            if i not in shared]
+        self.single_rows = [(i, _causal_mask(row, device, dtype)) for i, row in enumerate(self.rows) if i not in shared]
 
     @property
     def total_tokens(self) -> int:
@@ -164,32 +196,52 @@ class PackedStep:
             row.kv.length = row.start + row.count
 
 
-def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                     packed_step: PackedStep | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+def packed_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    packed_step: PackedStep | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """Attention of each packed row against its own cached + new keys; query [1, H, T, D] and key/value
     [1, H_kv, T, D] hold the new tokens of all rows. Returns [1, T, H, D] like transformers' sdpa path.
     Outside packed_forward (no packed_step) it is transformers' sdpa attention."""
     if packed_step is None:  # a plain transformers call on this model (e.g. generate()): ordinary attention
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     step = packed_step
-    pooled_keys, pooled_values = step.pool.write(module.layer_idx, step.slots, step.positions,
-                                                 key[0].transpose(0, 1), value[0].transpose(0, 1))  # [S, H_kv, C, D]
+    pooled_keys, pooled_values = step.pool.write(
+        module.layer_idx, step.slots, step.positions, key[0].transpose(0, 1), value[0].transpose(0, 1)
+    )  # [S, H_kv, C, D]
     grouped = query.shape[1] != key.shape[1]
     queries = query[0].transpose(0, 1)  # [T, H, D]
     attended = queries.new_empty(queries.shape)  # [T, H, D]
     if step.kernel is not None:
-        step.kernel(query[0], pooled_keys, pooled_values, step.kernel_rows,
-                    scaling if scaling is not None else query.shape[-1] ** -0.5, attended)
+        step.kernel(
+            query[0],
+            pooled_keys,
+            pooled_values,
+            step.kernel_rows,
+            scaling if scaling is not None else query.shape[-1] ** -0.5,
+            attended,
+        )
     for grid in step.grids:
         on_grid = queries if grid.tokens is None else queries[grid.tokens]  # [Tg, H, D]
         grid_queries = queries.new_zeros((grid.hi - grid.lo, grid.mask.shape[2]) + queries.shape[1:])  # [S, n, H, D]
         grid_queries[grid.slot_offsets, grid.query_positions] = on_grid
         grid_out = F.scaled_dot_product_attention(
-            grid_queries.transpose(1, 2), pooled_keys[grid.lo:grid.hi, :, :grid.length],
-            pooled_values[grid.lo:grid.hi, :, :grid.length], attn_mask=grid.mask, scale=scaling,
-            enable_gqa=grouped).transpose(1, 2)  # [S, n, H, D]
+            grid_queries.transpose(1, 2),
+            pooled_keys[grid.lo : grid.hi, :, : grid.length],
+            pooled_values[grid.lo : grid.hi, :, : grid.length],
+            attn_mask=grid.mask,
+            scale=scaling,
+            enable_gqa=grouped,
+        ).transpose(1, 2)  # [S, n, H, D]
         grid_tokens = slice(None) if grid.tokens is None else grid.tokens
         attended[grid_tokens] = grid_out[grid.slot_offsets, grid.query_positions]
     for i, mask in step.single_rows:
@@ -197,8 +249,13 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         length = row.start + row.count
         slot = slice(row.kv.slot, row.kv.slot + 1)
         attended[begin:end] = F.scaled_dot_product_attention(
-            query[:, :, begin:end], pooled_keys[slot, :, :length], pooled_values[slot, :, :length], attn_mask=mask,
-            scale=scaling, enable_gqa=grouped)[0].transpose(0, 1)  # [n, H, D]
+            query[:, :, begin:end],
+            pooled_keys[slot, :, :length],
+            pooled_values[slot, :, :length],
+            attn_mask=mask,
+            scale=scaling,
+            enable_gqa=grouped,
+        )[0].transpose(0, 1)  # [n, H, D]
     return attended.unsqueeze(0), None  # [1, T, H, D]
 
 
@@ -216,8 +273,12 @@ def supports_packed_forward(config: PretrainedConfig) -> bool:
 
 
 @torch.inference_mode()
-def packed_forward(model: torch.nn.Module, rows: Sequence[tuple[Sequence[int], SequenceKV, int]],
-                   device: torch.device, kernel: AttendRows | None = None) -> list[torch.Tensor]:
+def packed_forward(
+    model: torch.nn.Module,
+    rows: Sequence[tuple[Sequence[int], SequenceKV, int]],
+    device: torch.device,
+    kernel: AttendRows | None = None,
+) -> list[torch.Tensor]:
     """Runs every row's new tokens in one forward pass and extends each row's cache.
 
     rows: (new token ids, the row's SequenceKV, how many of its last positions need logits), all in one pool.
@@ -231,8 +292,14 @@ def packed_forward(model: torch.nn.Module, rows: Sequence[tuple[Sequence[int], S
         keep_at = [end - keep for (_, _, keep), end in zip(rows, step.offsets[1:])]
         keep_index = torch.cat([torch.arange(at, end) for at, end in zip(keep_at, step.offsets[1:])])  # [K]
         no_mask = torch.empty((1, 1, 0, 0), dtype=torch.bool, device=device)  # 4D: transformers builds no mask
-        output = model(input_ids=input_ids, position_ids=step.positions.unsqueeze(0), attention_mask=no_mask,
-                       use_cache=False, logits_to_keep=keep_index.to(device), packed_step=step)
+        output = model(
+            input_ids=input_ids,
+            position_ids=step.positions.unsqueeze(0),
+            attention_mask=no_mask,
+            use_cache=False,
+            logits_to_keep=keep_index.to(device),
+            packed_step=step,
+        )
         step.finish()
     logits = output.logits[0].float()  # [K, V]
     return list(torch.split(logits, [keep for _, _, keep in rows]))

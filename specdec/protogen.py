@@ -1,7 +1,7 @@
 """Generates the Python stubs of `protos/` into `specdec/v1/` (run after editing a .proto).
 
-    python -m specdec.protogen            # regenerate in place
-    python -m specdec.protogen --out DIR  # generate elsewhere (the freshness test compares the two)
+python -m specdec.protogen            # regenerate in place
+python -m specdec.protogen --out DIR  # generate elsewhere (the freshness test compares the two)
 """
 
 from __future__ import annotations
@@ -26,8 +26,15 @@ def generate(out_dir: pathlib.Path) -> list[pathlib.Path]:
     """Runs protoc (messages, gRPC stubs, type stubs) into out_dir; returns the generated files."""
     (out_dir / STUB_PACKAGE).mkdir(parents=True, exist_ok=True)
     well_known = pathlib.Path(grpc_tools.__file__).parent / "_proto"
-    args = ["protoc", f"-I{PROTO_ROOT}", f"-I{well_known}", f"--python_out={out_dir}", f"--pyi_out={out_dir}",
-            f"--grpc_python_out={out_dir}", *[str(p.relative_to(PROTO_ROOT)) for p in proto_files()]]
+    args = [
+        "protoc",
+        f"-I{PROTO_ROOT}",
+        f"-I{well_known}",
+        f"--python_out={out_dir}",
+        f"--pyi_out={out_dir}",
+        f"--grpc_python_out={out_dir}",
+        *[str(p.relative_to(PROTO_ROOT)) for p in proto_files()],
+    ]
     if protoc.main(args) != 0:
         raise RuntimeError("protoc failed: " + " ".join(args))
     return sorted(p for p in (out_dir / STUB_PACKAGE).iterdir() if p.name != "__init__.py" and p.is_file())

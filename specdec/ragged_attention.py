@@ -31,8 +31,13 @@ AttendRows = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, f
 def _build_flags() -> tuple[str, list[str]]:
     """The extension's name and compiler flags for this CPU: AVX2 + FMA code where torch says the CPU has it."""
     if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
-        return "specdec_ragged_attention_avx2", ["-O3", "-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2",
-                                                 "-DCPU_CAPABILITY_AVX2"]
+        return "specdec_ragged_attention_avx2", [
+            "-O3",
+            "-mavx2",
+            "-mfma",
+            "-DCPU_CAPABILITY=AVX2",
+            "-DCPU_CAPABILITY_AVX2",
+        ]
     return "specdec_ragged_attention", ["-O3"]
 
 
@@ -49,8 +54,9 @@ def load_kernel() -> AttendRows | None:
     try:
         module = load(name, [str(SOURCE)], extra_cflags=flags, verbose=False)
     except Exception as error:  # a missing compiler or ninja: serve with SDPA
-        log.warning("ragged attention kernel unavailable (%s: %s); packed attention uses SDPA",
-                    type(error).__name__, error)
+        log.warning(
+            "ragged attention kernel unavailable (%s: %s); packed attention uses SDPA", type(error).__name__, error
+        )
         return None
     log.info("ragged attention kernel ready in %.1fs", time.perf_counter() - started)
     return module.ragged_attention

@@ -32,8 +32,10 @@ class RedisServer:
     def __init__(self, port: int | None = None, executable: str = "redis-server", startup_timeout_s: float = 10.0):
         path = shutil.which(executable)
         if path is None:
-            raise FileNotFoundError(f"{executable} not found on PATH: install it (apt-get install redis-server, "
-                                    "as scripts/bootstrap.sh does) or give a Redis URL")
+            raise FileNotFoundError(
+                f"{executable} not found on PATH: install it (apt-get install redis-server, "
+                "as scripts/bootstrap.sh does) or give a Redis URL"
+            )
         self.executable = path
         self.port = port or free_port()
         self.startup_timeout_s = startup_timeout_s
@@ -54,9 +56,27 @@ class RedisServer:
             return self
         log = open(self.directory / "redis.log", "ab")
         self.process = subprocess.Popen(
-            [self.executable, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
-             "--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "yes"],
-            stdout=log, stderr=subprocess.STDOUT, cwd=self.directory)
+            [
+                self.executable,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.directory),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--protected-mode",
+                "yes",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.directory,
+        )
         log.close()
         deadline = time.monotonic() + self.startup_timeout_s
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1, socket_connect_timeout=1)
@@ -71,8 +91,9 @@ class RedisServer:
                     pass
                 if time.monotonic() > deadline:
                     self.kill()
-                    raise TimeoutError(f"redis-server did not answer within {self.startup_timeout_s:.0f}s:\n"
-                                       f"{self.log_tail()}")
+                    raise TimeoutError(
+                        f"redis-server did not answer within {self.startup_timeout_s:.0f}s:\n{self.log_tail()}"
+                    )
                 time.sleep(0.05)
         finally:
             client.close()

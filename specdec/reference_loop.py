@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from specdec.drafting import draft_with_model
 from specdec.kv_session import KVSession
 from specdec.model_runtime import LoadedModel
-from specdec.speculation_stats import SpeculationStats
 from specdec.sampling import SamplingParams, Stream, logits_to_probs, sample_token
+from specdec.speculation_stats import SpeculationStats
 from specdec.verification import verify_round
 
 
@@ -26,8 +26,14 @@ class GenerationResult:
     finished_by_eos: bool
 
 
-def speculative_generate(target: LoadedModel, draft: LoadedModel, prompt_ids: Sequence[int], gamma: int,
-                         sampling: SamplingParams, max_new_tokens: int) -> GenerationResult:
+def speculative_generate(
+    target: LoadedModel,
+    draft: LoadedModel,
+    prompt_ids: Sequence[int],
+    gamma: int,
+    sampling: SamplingParams,
+    max_new_tokens: int,
+) -> GenerationResult:
     """Generates up to max_new_tokens tokens from the target's distribution with γ-token drafts."""
     target_session = KVSession(target, prompt_ids)
     draft_session = KVSession(draft, prompt_ids)
@@ -52,8 +58,9 @@ def speculative_generate(target: LoadedModel, draft: LoadedModel, prompt_ids: Se
     return GenerationResult(generated, stats, finished_by_eos=False)
 
 
-def target_only_generate(target: LoadedModel, prompt_ids: Sequence[int], sampling: SamplingParams,
-                         max_new_tokens: int) -> GenerationResult:
+def target_only_generate(
+    target: LoadedModel, prompt_ids: Sequence[int], sampling: SamplingParams, max_new_tokens: int
+) -> GenerationResult:
     """Plain autoregressive decoding with the target alone (the project's own plain path)."""
     session = KVSession(target, prompt_ids)
     session.prefill()

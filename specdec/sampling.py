@@ -149,15 +149,11 @@ def _position_key(seed: int, position: int, stream: Stream) -> int:
         raise ValueError(f"seed must be in [0, 2**64), got {seed!r}")
     if not 0 <= position < _U64_LIMIT:
         raise ValueError(f"position must be in [0, 2**64), got {position!r}")
-    digest = hashlib.blake2b(
-        _KEY_LAYOUT.pack(seed, position, stream), digest_size=8, person=b"specdec.pos"
-    ).digest()
+    digest = hashlib.blake2b(_KEY_LAYOUT.pack(seed, position, stream), digest_size=8, person=b"specdec.pos").digest()
     return int.from_bytes(digest, "little")
 
 
-def sample_token(
-    probs: torch.Tensor, params: SamplingParams, position: int, stream: Stream = Stream.DRAFT
-) -> int:
+def sample_token(probs: torch.Tensor, params: SamplingParams, position: int, stream: Stream = Stream.DRAFT) -> int:
     """Draw one token from probs [V] (non-negative, any positive sum) at sequence `position`.
 
     Greedy: argmax, no randomness. Otherwise inverse-CDF sampling: the position's uniform draw is

@@ -46,16 +46,21 @@ def configure_logging(level: str = "INFO") -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-async def start_server(address: str, register: Callable[[grpc.aio.Server], None], service_names: Sequence[str],
-                       interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
-                       credentials: grpc.ServerCredentials | None = None) -> RunningServer:
+async def start_server(
+    address: str,
+    register: Callable[[grpc.aio.Server], None],
+    service_names: Sequence[str],
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    credentials: grpc.ServerCredentials | None = None,
+) -> RunningServer:
     """Binds address (port 0 picks a free one), registers the servicers, health and reflection, and starts.
 
     SIGTERM/SIGINT handlers are installed before it returns, so a signal right after start-up drains too.
     """
     setup_tracing_from_env(role_of(service_names))  # no-op where the service set tracing up from its settings
-    server = grpc.aio.server(interceptors=[ServerTelemetryInterceptor(), *interceptors, ErrorMappingInterceptor()],
-                             options=channel_options())
+    server = grpc.aio.server(
+        interceptors=[ServerTelemetryInterceptor(), *interceptors, ErrorMappingInterceptor()], options=channel_options()
+    )
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -83,4 +88,3 @@ async def wait_for_termination(running: RunningServer, grace_s: float) -> None:
         await running.stop(grace_s)
     serving.cancel()
     stopping.cancel()
-

@@ -52,15 +52,23 @@ def settings_parser(cls: type, description: str) -> argparse.ArgumentParser:
         kind = hints[field.name]
         help_text = f"{field.metadata.get('help', '')} [env {env_name(field.name)}; default {field.default!r}]"
         if kind is bool:
-            parser.add_argument(flag_name(field.name), action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            parser.add_argument(
+                flag_name(field.name), action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
         else:
-            parser.add_argument(flag_name(field.name), type=str, default=None, help=help_text,
-                                metavar="A,B" if typing.get_origin(kind) is tuple else None)
+            parser.add_argument(
+                flag_name(field.name),
+                type=str,
+                default=None,
+                help=help_text,
+                metavar="A,B" if typing.get_origin(kind) is tuple else None,
+            )
     return parser
 
 
-def parse_settings(cls: type[T], argv: Sequence[str] | None = None, description: str = "",
-                   environ: Mapping[str, str] | None = None) -> T:
+def parse_settings(
+    cls: type[T], argv: Sequence[str] | None = None, description: str = "", environ: Mapping[str, str] | None = None
+) -> T:
     """Builds `cls` from flags, then `SPECDEC_*` variables, then the field defaults."""
     environ = os.environ if environ is None else environ
     args = vars(settings_parser(cls, description).parse_args(argv))

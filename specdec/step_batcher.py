@@ -3,8 +3,8 @@
 Calls are queued from the event loop. Each time the worker is free it takes everything queued, runs the
 one-off calls (close, ...) in arrival order, then every batchable kind (open, verify, propose) as batches
 of at most `max_batch_size` calls on distinct sessions (a call's first argument is its session id)
-through that kind's batch function, which does one model pass for all of them. Sessions thus join and leave the running batch between steps. `max_batch_size` 1 turns
-batching off (one call per step, in arrival order).
+through that kind's batch function, which does one model pass for all of them. Sessions thus join and leave
+the running batch between steps. `max_batch_size` 1 turns batching off (one call per step, in arrival order).
 
 In a disaggregated stack every step of a session is a round trip: its next call leaves the caller only
 after the previous reply arrived. Taking only what is queued would then split the sessions into groups that
@@ -116,18 +116,27 @@ class _Call:
 class StepBatchingSettings:
     """The batching part of a model service's settings (a base of each one's settings class)."""
 
-    max_batch_size: int = setting(32, "most calls run together in one model step (continuous batching; "
-                                        "1 = off: one session per step)")
-    max_batch_wait_ms: float = setting(20.0, "longest a step waits for sessions of the last step whose next call "
-                                             "is on its way (0 = run what is queued)")
+    max_batch_size: int = setting(
+        32, "most calls run together in one model step (continuous batching; 1 = off: one session per step)"
+    )
+    max_batch_wait_ms: float = setting(
+        20.0,
+        "longest a step waits for sessions of the last step whose next call is on its way (0 = run what is queued)",
+    )
 
 
 class StepBatcher:
     """One worker thread that runs queued model work, batching calls of the same kind."""
 
-    def __init__(self, batch_fns: Mapping[str, BatchFn], max_batch_size: int, name: str,
-                 on_step: Callable[[str, int], None] | None = None, max_wait_s: float = 0.0,
-                 joining_fns: Mapping[str, JoiningFn] | None = None):
+    def __init__(
+        self,
+        batch_fns: Mapping[str, BatchFn],
+        max_batch_size: int,
+        name: str,
+        on_step: Callable[[str, int], None] | None = None,
+        max_wait_s: float = 0.0,
+        joining_fns: Mapping[str, JoiningFn] | None = None,
+    ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.batch_fns = dict(batch_fns)
@@ -151,8 +160,9 @@ class StepBatcher:
         self._check_kind(kind)
         return self._enqueue(kind, None, args, follows)
 
-    def submit_follow_up(self, kind: str, session: object, choose: FollowUpChoice,
-                         follows: Callable[[Any], bool] | None = None) -> asyncio.Future:
+    def submit_follow_up(
+        self, kind: str, session: object, choose: FollowUpChoice, follows: Callable[[Any], bool] | None = None
+    ) -> asyncio.Future:
         """Queues the session's next call of `kind`, decided once the call before it has run: `choose(result)`
         gives (tag, args) of the call to run in the next step (args[0] is the session), None for none, or NOT_YET to
         wait for the session's next call. The future resolves to (tag, that call's result) or None."""
@@ -176,8 +186,9 @@ class StepBatcher:
         if kind not in self.batch_fns and kind not in self.joining_fns:
             raise KeyError(f"no batch function for {kind!r}")
 
-    def _enqueue(self, kind: str | None, fn: Callable[..., Any] | None, args: tuple,
-                 follows: Callable[[Any], bool] | None = None) -> asyncio.Future:
+    def _enqueue(
+        self, kind: str | None, fn: Callable[..., Any] | None, args: tuple, follows: Callable[[Any], bool] | None = None
+    ) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._queue.put(_Call(kind, fn, args, future, loop, follows))
@@ -289,8 +300,9 @@ class StepBatcher:
             _settle(follow_up, None)
             return None
         tag, args = choice
-        return _Call(follow_up.kind, None, tuple(args), follow_up.future, follow_up.loop, follow_up.follows,
-                     tag=tag, tagged=True)
+        return _Call(
+            follow_up.kind, None, tuple(args), follow_up.future, follow_up.loop, follow_up.follows, tag=tag, tagged=True
+        )
 
     def _run_one(self, call: _Call) -> None:
         try:
@@ -343,8 +355,13 @@ class StepBatcher:
         for call in self._drain_queue():
             if call.future.cancelled():
                 continue
-            if (len(joined) < room and call.kind == kind and call.choose is None and call.session not in in_step
-                    and call.session not in held_back):
+            if (
+                len(joined) < room
+                and call.kind == kind
+                and call.choose is None
+                and call.session not in in_step
+                and call.session not in held_back
+            ):
                 joined.append(call)
                 in_step.add(call.session)
             else:

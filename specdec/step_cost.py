@@ -65,8 +65,9 @@ class StepCost:
         return self.fixed_ns + self.per_token_ns * tokens
 
 
-def calibrate(model: LoadedModel, one_token_rows: bool = False, token_counts: Sequence[int] = CALIBRATION_TOKENS,
-              repeats: int = 3) -> StepCost:
+def calibrate(
+    model: LoadedModel, one_token_rows: bool = False, token_counts: Sequence[int] = CALIBRATION_TOKENS, repeats: int = 3
+) -> StepCost:
     """Times passes of each token count on fresh caches (median of `repeats`) and fits the line.
 
     The tokens of a pass are one row (a verify block, a prefill) or, with one_token_rows, that many rows of
@@ -84,6 +85,11 @@ def calibrate(model: LoadedModel, one_token_rows: bool = False, token_counts: Se
         medians.append(statistics.median(times))
     per_token, fixed = np.polyfit(np.array(token_counts, dtype=float), np.array(medians, dtype=float), 1)
     cost = StepCost(max(float(fixed), 0.0), max(float(per_token), 0.0))
-    log.info("pass cost of %s: %.2f ms + %.3f ms per %s", model.settings.model, cost.fixed_ns / 1e6,
-             cost.per_token_ns / 1e6, "session" if one_token_rows else "token")
+    log.info(
+        "pass cost of %s: %.2f ms + %.3f ms per %s",
+        model.settings.model,
+        cost.fixed_ns / 1e6,
+        cost.per_token_ns / 1e6,
+        "session" if one_token_rows else "token",
+    )
     return cost

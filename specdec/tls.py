@@ -22,8 +22,11 @@ class ServerTlsSettings:
 
     tls_cert: str = setting("", "PEM certificate chain this server presents; with tls_key turns TLS on for its port")
     tls_key: str = setting("", "PEM private key of tls_cert")
-    tls_client_ca: str = setting("", "PEM CA bundle: when set, every client must present a certificate signed by "
-                                     "it (mutual TLS); needs tls_cert and tls_key")
+    tls_client_ca: str = setting(
+        "",
+        "PEM CA bundle: when set, every client must present a certificate signed by "
+        "it (mutual TLS); needs tls_cert and tls_key",
+    )
 
 
 def read_pem(path: str, setting_name: str) -> bytes:
@@ -50,8 +53,9 @@ def server_credentials(settings: ServerTlsSettings) -> grpc.ServerCredentials | 
     return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=client_ca is not None)
 
 
-def channel_credentials(ca: str = "", cert: str = "", key: str = "",
-                        prefix: str = "replica_tls") -> grpc.ChannelCredentials | None:
+def channel_credentials(
+    ca: str = "", cert: str = "", key: str = "", prefix: str = "replica_tls"
+) -> grpc.ChannelCredentials | None:
     """Client credentials from PEM paths: None (plaintext) without a CA; cert + key add a client certificate."""
     if not ca:
         if cert or key:
@@ -62,7 +66,8 @@ def channel_credentials(ca: str = "", cert: str = "", key: str = "",
     return grpc.ssl_channel_credentials(
         root_certificates=read_pem(ca, f"{prefix}_ca"),
         private_key=read_pem(key, f"{prefix}_key") if key else None,
-        certificate_chain=read_pem(cert, f"{prefix}_cert") if cert else None)
+        certificate_chain=read_pem(cert, f"{prefix}_cert") if cert else None,
+    )
 
 
 def server_name_options(server_name: str) -> list[tuple[str, str]]:
@@ -71,8 +76,12 @@ def server_name_options(server_name: str) -> list[tuple[str, str]]:
     return [("grpc.ssl_target_name_override", server_name)] if server_name else []
 
 
-def open_aio_channel(address: str, credentials: grpc.ChannelCredentials | None, options: Sequence[tuple[str, object]],
-                     interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None) -> grpc.aio.Channel:
+def open_aio_channel(
+    address: str,
+    credentials: grpc.ChannelCredentials | None,
+    options: Sequence[tuple[str, object]],
+    interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None,
+) -> grpc.aio.Channel:
     """A grpc.aio channel: TLS with `credentials`, plaintext without."""
     if credentials is not None:
         return grpc.aio.secure_channel(address, credentials, options=options, interceptors=interceptors)

@@ -44,8 +44,9 @@ class VerifyJob:
 PassHook = Callable[[int, int, int], None]  # (forward ns, prompt tokens prefilled, tokens fed for rounds)
 
 
-def verify_rounds(jobs: Sequence[VerifyJob], prefills: Sequence[PlannedForward] = (),
-                  on_pass: PassHook | None = None) -> list[tuple[Verdict, VerifyTiming] | Exception]:
+def verify_rounds(
+    jobs: Sequence[VerifyJob], prefills: Sequence[PlannedForward] = (), on_pass: PassHook | None = None
+) -> list[tuple[Verdict, VerifyTiming] | Exception]:
     """Truncates each session to its base_len, scores every x_1..x_γ in one pass, judges and commits.
 
     `prefills` (other sessions' planned prompt prefills, which need no logits) are fed in the same pass.
@@ -67,7 +68,7 @@ def verify_rounds(jobs: Sequence[VerifyJob], prefills: Sequence[PlannedForward] 
         return results
     plans = [*(plan for _, plan in planned), *prefills]
     started = time.perf_counter_ns()
-    all_logits = run_forwards(plans)[:len(planned)]  # per round [γ+1, V]
+    all_logits = run_forwards(plans)[: len(planned)]  # per round [γ+1, V]
     forward_ns = time.perf_counter_ns() - started
     scored_tokens = sum(len(plan.token_ids) for _, plan in planned)
     prefill_tokens = sum(len(plan.token_ids) for plan in prefills)
@@ -86,12 +87,20 @@ def verify_rounds(jobs: Sequence[VerifyJob], prefills: Sequence[PlannedForward] 
             continue
         job.session.truncate(job.base_len + verdict.num_accepted)
         job.session.append([verdict.next_token])
-        results[index] = (verdict, VerifyTiming(forward_ns, time.perf_counter_ns() - sampling_started,
-                                                len(planned), batch_tokens))
+        results[index] = (
+            verdict,
+            VerifyTiming(forward_ns, time.perf_counter_ns() - sampling_started, len(planned), batch_tokens),
+        )
     return results
 
 
-def verify_round(session: KVSession, session_id: str, base_len: int, draft_tokens: Sequence[int],
-                 draft_probs: torch.Tensor | None, params: SamplingParams) -> tuple[Verdict, VerifyTiming]:
+def verify_round(
+    session: KVSession,
+    session_id: str,
+    base_len: int,
+    draft_tokens: Sequence[int],
+    draft_probs: torch.Tensor | None,
+    params: SamplingParams,
+) -> tuple[Verdict, VerifyTiming]:
     """One session's round (see verify_rounds); raises its error."""
     return only_result(verify_rounds([VerifyJob(session, session_id, base_len, draft_tokens, draft_probs, params)]))

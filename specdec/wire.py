@@ -14,7 +14,9 @@ from specdec.v1 import common_pb2, verifier_pb2
 PLAIN_STEP = -1  # VerifyNextResponse.round_index of the plain step (no guessed round matched the verdict)
 
 
-def sampling_from_proto(message: common_pb2.SamplingParams, default_seed: int = 0, prefix: str = "sampling") -> SamplingParams:
+def sampling_from_proto(
+    message: common_pb2.SamplingParams, default_seed: int = 0, prefix: str = "sampling"
+) -> SamplingParams:
     """SamplingParams from the wire; unset top_p means 1 and unset seed means default_seed."""
     top_p = message.top_p if message.HasField("top_p") else 1.0
     seed = message.seed if message.HasField("seed") else default_seed
@@ -28,8 +30,9 @@ def sampling_from_proto(message: common_pb2.SamplingParams, default_seed: int = 
 
 
 def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
-    return common_pb2.SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                                     seed=params.seed)
+    return common_pb2.SamplingParams(
+        temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=params.seed
+    )
 
 
 def probs_to_proto(probs: torch.Tensor | None) -> common_pb2.ProbabilityMatrix | None:
@@ -40,18 +43,22 @@ def probs_to_proto(probs: torch.Tensor | None) -> common_pb2.ProbabilityMatrix |
     return common_pb2.ProbabilityMatrix(rows=probs.shape[0], vocab_size=probs.shape[1], float32_data=data)
 
 
-def probs_from_proto(message: common_pb2.ProbabilityMatrix, rows: int, vocab_size: int,
-                     field: str = "draft_probs") -> torch.Tensor | None:
+def probs_from_proto(
+    message: common_pb2.ProbabilityMatrix, rows: int, vocab_size: int, field: str = "draft_probs"
+) -> torch.Tensor | None:
     """ProbabilityMatrix -> [rows, V] float32 tensor, or None when empty (one-hot q)."""
     if message.rows == 0 and not message.float32_data:
         return None
     if message.rows != rows:
         raise InvalidFieldError(f"{field}.rows", f"is {message.rows}, expected one row per draft token ({rows})")
     if message.vocab_size != vocab_size:
-        raise InvalidFieldError(f"{field}.vocab_size", f"is {message.vocab_size}, the model's vocabulary is {vocab_size}")
+        raise InvalidFieldError(
+            f"{field}.vocab_size", f"is {message.vocab_size}, the model's vocabulary is {vocab_size}"
+        )
     if len(message.float32_data) != rows * vocab_size * 4:
-        raise InvalidFieldError(f"{field}.float32_data", f"holds {len(message.float32_data)} bytes, "
-                                f"expected {rows * vocab_size * 4}")
+        raise InvalidFieldError(
+            f"{field}.float32_data", f"holds {len(message.float32_data)} bytes, expected {rows * vocab_size * 4}"
+        )
     array = np.frombuffer(message.float32_data, dtype="<f4").reshape(rows, vocab_size)
     if not np.isfinite(array).all() or (array < 0).any():
         raise InvalidFieldError(f"{field}.float32_data", "probabilities must be finite and non-negative")
@@ -73,5 +80,7 @@ def follows_at_once(hint: verifier_pb2.NextCallHint, num_accepted: int, next_tok
     """Whether a Verify caller's next round follows the verdict (accepted count, next token) at once, by the
     hint its request carried."""
     return hint.after_any_verdict or any(
-        guess.num_accepted == num_accepted and (not guess.HasField("next_token_id") or guess.next_token_id == next_token)
-        for guess in hint.after_verdicts)
+        guess.num_accepted == num_accepted
+        and (not guess.HasField("next_token_id") or guess.next_token_id == next_token)
+        for guess in hint.after_verdicts
+    )

@@ -25,23 +25,57 @@ def _openssl(*args: str) -> None:
 def make_ca(directory: pathlib.Path, name: str) -> CertPair:
     """A self-signed certificate authority."""
     pair = CertPair(directory / f"{name}.pem", directory / f"{name}.key")
-    _openssl("req", "-x509", *EC_KEY, "-keyout", str(pair.key), "-out", str(pair.cert), "-days", "2",
-             "-subj", f"/CN={name}", "-addext", "basicConstraints=critical,CA:TRUE",
-             "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    _openssl(
+        "req",
+        "-x509",
+        *EC_KEY,
+        "-keyout",
+        str(pair.key),
+        "-out",
+        str(pair.cert),
+        "-days",
+        "2",
+        "-subj",
+        f"/CN={name}",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    )
     return pair
 
 
-def make_cert(directory: pathlib.Path, name: str, ca: CertPair, hosts: tuple[str, ...] = ("127.0.0.1", "localhost"),
-              ) -> CertPair:
+def make_cert(
+    directory: pathlib.Path,
+    name: str,
+    ca: CertPair,
+    hosts: tuple[str, ...] = ("127.0.0.1", "localhost"),
+) -> CertPair:
     """A certificate signed by `ca`, usable by servers (for `hosts`) and as a client certificate."""
     pair = CertPair(directory / f"{name}.pem", directory / f"{name}.key")
     csr, extensions = directory / f"{name}.csr", directory / f"{name}.ext"
     names = ",".join(f"IP:{h}" if h.replace(".", "").isdigit() else f"DNS:{h}" for h in hosts)
-    extensions.write_text(f"subjectAltName={names}\nextendedKeyUsage=serverAuth,clientAuth\n"
-                          "basicConstraints=CA:FALSE\n")
+    extensions.write_text(
+        f"subjectAltName={names}\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n"
+    )
     _openssl("req", *EC_KEY, "-keyout", str(pair.key), "-out", str(csr), "-subj", f"/CN={name}")
-    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca.cert), "-CAkey", str(ca.key), "-CAcreateserial",
-             "-out", str(pair.cert), "-days", "2", "-extfile", str(extensions))
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(ca.cert),
+        "-CAkey",
+        str(ca.key),
+        "-CAcreateserial",
+        "-out",
+        str(pair.cert),
+        "-days",
+        "2",
+        "-extfile",
+        str(extensions),
+    )
     return pair
 
 
@@ -59,5 +93,10 @@ class Pki:
 def make_pki(directory: pathlib.Path) -> Pki:
     directory.mkdir(parents=True, exist_ok=True)
     ca, rogue_ca = make_ca(directory, "ca"), make_ca(directory, "rogue-ca")
-    return Pki(ca, make_cert(directory, "server", ca), make_cert(directory, "client", ca), rogue_ca,
-                   make_cert(directory, "rogue-client", rogue_ca))
+    return Pki(
+        ca,
+        make_cert(directory, "server", ca),
+        make_cert(directory, "client", ca),
+        rogue_ca,
+        make_cert(directory, "rogue-client", rogue_ca),
+    )

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import make_pair
 
 from specdec.model_runtime import LoadedModel, ModelSettings
 from specdec.ragged_attention import load_kernel
-from tiny_models import make_pair
 
 torch.set_num_threads(1)
 

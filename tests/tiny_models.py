@@ -5,7 +5,7 @@ from __future__ import annotations
 import pathlib
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 EOS_TOKEN = "<eos>"
@@ -17,16 +17,29 @@ def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=EOS_TOKEN))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS_TOKEN, bos_token=EOS_TOKEN, pad_token=EOS_TOKEN)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token=EOS_TOKEN, bos_token=EOS_TOKEN, pad_token=EOS_TOKEN
+    )
 
 
-def tiny_llama(vocab_size: int, hidden: int, layers: int, seed: int, eos_boost: float = 1.0,
-               init_range: float = 0.4) -> LlamaForCausalLM:
+def tiny_llama(
+    vocab_size: int, hidden: int, layers: int, seed: int, eos_boost: float = 1.0, init_range: float = 0.4
+) -> LlamaForCausalLM:
     """A random Llama with logits spread wide enough that greedy argmax has no near-ties."""
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, intermediate_size=2 * hidden,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
-                         initializer_range=init_range, bos_token_id=0, eos_token_id=0, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=2 * hidden,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=init_range,
+        bos_token_id=0,
+        eos_token_id=0,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():
         model.lm_head.weight[0] *= eos_boost
@@ -50,8 +63,9 @@ def noisy_copy(model: LlamaForCausalLM, noise: float, seed: int) -> LlamaForCaus
     return copy
 
 
-def make_pair(root: pathlib.Path, vocab_size: int = 64, hidden: int = 32, noise: float = 0.3,
-              eos_boost: float = 1.0) -> tuple[pathlib.Path, pathlib.Path]:
+def make_pair(
+    root: pathlib.Path, vocab_size: int = 64, hidden: int = 32, noise: float = 0.3, eos_boost: float = 1.0
+) -> tuple[pathlib.Path, pathlib.Path]:
     """Saves a tiny target and a noisy-copy draft sharing one tokenizer; returns (target_dir, draft_dir)."""
     tokenizer = word_tokenizer(vocab_size)
     target = tiny_llama(vocab_size, hidden, layers=2, seed=1, eos_boost=eos_boost)

@@ -13,13 +13,13 @@ from specdec.cpu_affinity import pin_cpus
 from specdec.model_runtime import LoadedModel, ModelSettings
 from specdec.serving import RunningServer, configure_logging, start_server, wait_for_termination
 from specdec.settings import parse_settings
-from specdec.tls import server_credentials
-from specdec.v1 import verifier_pb2, verifier_pb2_grpc
-from verify_service.servicer import VerifierServicer
-from verify_service.service import VerifyService
-from verify_service.settings import VerifySettings
 from specdec.telemetry import start_telemetry
 from specdec.telemetry.metrics import observe_batch, observe_verify_pass
+from specdec.tls import server_credentials
+from specdec.v1 import verifier_pb2, verifier_pb2_grpc
+from verify_service.service import VerifyService
+from verify_service.servicer import VerifierServicer
+from verify_service.settings import VerifySettings
 from verify_service.tensor_parallel import TensorParallelLeader
 
 
@@ -31,16 +31,20 @@ async def serve(settings: VerifySettings) -> None:
         ranks = TensorParallelLeader.start(settings, make_launcher(settings))
         model = ranks.model
     else:
-        model = LoadedModel.load(ModelSettings(settings.model, settings.device, settings.dtype, settings.threads,
-                                               settings.attention_kernel))
-    servicer = VerifierServicer(VerifyService(settings, model, ranks, observe_verify_pass),
-                                settings.tensor_parallel_size, observe_batch)
+        model = LoadedModel.load(
+            ModelSettings(settings.model, settings.device, settings.dtype, settings.threads, settings.attention_kernel)
+        )
+    servicer = VerifierServicer(
+        VerifyService(settings, model, ranks, observe_verify_pass), settings.tensor_parallel_size, observe_batch
+    )
     start_telemetry("verify", settings, servicer.service.sessions)
     try:
-        running = await start_server(settings.address,
-                                     lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s),
-                                     [verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name],
-                                     credentials=server_credentials(settings))
+        running = await start_server(
+            settings.address,
+            lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s),
+            [verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name],
+            credentials=server_credentials(settings),
+        )
         if ranks is not None:
             loop = asyncio.get_running_loop()
             ranks.on_failure(lambda reason: asyncio.run_coroutine_threadsafe(_stop_serving(running, servicer), loop))

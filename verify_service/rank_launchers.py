@@ -27,8 +27,13 @@ log = logging.getLogger(__name__)
 
 def make_launcher(settings: VerifySettings) -> RankLauncher:
     if settings.tp_launcher == "ray":
-        return RayLauncher(settings.tensor_parallel_size, settings.tp_ray_address, settings.tp_ray_placement_strategy,
-                           use_gpus=settings.device.startswith("cuda"), start_timeout_s=settings.tp_start_timeout_s)
+        return RayLauncher(
+            settings.tensor_parallel_size,
+            settings.tp_ray_address,
+            settings.tp_ray_placement_strategy,
+            use_gpus=settings.device.startswith("cuda"),
+            start_timeout_s=settings.tp_start_timeout_s,
+        )
     return LocalLauncher()
 
 
@@ -53,14 +58,16 @@ class LocalLauncher:
     def start(self, specs: Sequence[RankSpec]) -> None:
         context = multiprocessing.get_context("spawn")
         for spec in specs:
-            process = context.Process(target=_run_local_rank, args=(spec,), name=f"verify-rank{spec.rank}",
-                                      daemon=True)
+            process = context.Process(target=_run_local_rank, args=(spec,), name=f"verify-rank{spec.rank}", daemon=True)
             process.start()
             self.processes[spec.rank] = process
 
     def exited_ranks(self) -> dict[int, str]:
-        return {rank: f"exited with code {process.exitcode} (pid {process.pid})"
-                for rank, process in self.processes.items() if not process.is_alive()}
+        return {
+            rank: f"exited with code {process.exitcode} (pid {process.pid})"
+            for rank, process in self.processes.items()
+            if not process.is_alive()
+        }
 
     def stop(self, grace_s: float) -> None:
         deadline = time.monotonic() + grace_s
@@ -94,8 +101,14 @@ class RankActor:
 class RayLauncher:
     """Ranks 1..N-1 as Ray actors, one per bundle of a placement group with one bundle per rank."""
 
-    def __init__(self, world_size: int, address: str = "", strategy: str = "PACK", use_gpus: bool = False,
-                 start_timeout_s: float = 300.0):
+    def __init__(
+        self,
+        world_size: int,
+        address: str = "",
+        strategy: str = "PACK",
+        use_gpus: bool = False,
+        start_timeout_s: float = 300.0,
+    ):
         self.world_size = world_size
         self.address = address
         self.strategy = strategy
@@ -116,8 +129,12 @@ class RayLauncher:
         if self.address:
             ray.init(address=self.address, logging_level=logging.WARNING)
         else:  # a local Ray instance sized to the ranks: one CPU per rank
-            ray.init(num_cpus=self.world_size, num_gpus=self.world_size if self.use_gpus else 0,
-                     include_dashboard=False, logging_level=logging.WARNING)
+            ray.init(
+                num_cpus=self.world_size,
+                num_gpus=self.world_size if self.use_gpus else 0,
+                include_dashboard=False,
+                logging_level=logging.WARNING,
+            )
             self._started_ray = True
 
     def _reserve(self) -> None:
@@ -137,13 +154,18 @@ class RayLauncher:
             return ray.get_runtime_context().get_node_id(), ray.get_gpu_ids()
 
         probe = ray.remote(bundle_zero).options(
-            num_cpus=1, num_gpus=1 if self.use_gpus else 0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=0))
+            num_cpus=1,
+            num_gpus=1 if self.use_gpus else 0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=0),
+        )
         node_id, gpu_ids = ray.get(probe.remote(), timeout=self.start_timeout_s)
         if node_id != ray.get_runtime_context().get_node_id():
-            log.warning("bundle 0 (rank 0's share) is on Ray node %s, but rank 0 is this process on node %s: run "
-                        "the verify service inside the Ray node that bundle 0 lands on", node_id,
-                        ray.get_runtime_context().get_node_id())
+            log.warning(
+                "bundle 0 (rank 0's share) is on Ray node %s, but rank 0 is this process on node %s: run "
+                "the verify service inside the Ray node that bundle 0 lands on",
+                node_id,
+                ray.get_runtime_context().get_node_id(),
+            )
         self._rank0_gpu = int(gpu_ids[0]) if gpu_ids else 0
 
     def default_master_addr(self) -> str:
@@ -167,14 +189,18 @@ class RayLauncher:
         actor_class = ray.remote(RankActor)
         for spec in specs:
             actor = actor_class.options(
-                num_cpus=1, num_gpus=1 if self.use_gpus else 0, max_restarts=0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group,
-                                                                     placement_group_bundle_index=spec.rank),
+                num_cpus=1,
+                num_gpus=1 if self.use_gpus else 0,
+                max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.placement_group, placement_group_bundle_index=spec.rank
+                ),
             ).remote()
             self.actors[spec.rank] = actor
             self.runs[spec.rank] = actor.run.remote(spec)
-        log.info("placed %d rank actors in a %s placement group of %d bundles", len(specs), self.strategy,
-                 self.world_size)
+        log.info(
+            "placed %d rank actors in a %s placement group of %d bundles", len(specs), self.strategy, self.world_size
+        )
 
     def exited_ranks(self) -> dict[int, str]:
         import ray

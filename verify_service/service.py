@@ -53,8 +53,13 @@ class VerifyService:
     `on_pass(forward_ns, prefill_tokens, scored_tokens)` hears of every scoring pass (e.g. the pass metrics).
     """
 
-    def __init__(self, settings: VerifySettings, model: LoadedModel, ranks: TensorParallelLeader | None = None,
-                 on_pass: PassHook | None = None):
+    def __init__(
+        self,
+        settings: VerifySettings,
+        model: LoadedModel,
+        ranks: TensorParallelLeader | None = None,
+        on_pass: PassHook | None = None,
+    ):
         self.settings = settings
         self.model = model
         self.ranks = ranks
@@ -75,13 +80,15 @@ class VerifyService:
         """Opens sessions and prefills them in one pass; per open the prefill time in ns, or its error."""
         return self._step(opens, [])[0]
 
-    def verify(self, session_id: str, base_len: int, draft_tokens: Sequence[int],
-               draft_probs: torch.Tensor | None) -> tuple[Verdict, VerifyTiming, int]:
+    def verify(
+        self, session_id: str, base_len: int, draft_tokens: Sequence[int], draft_probs: torch.Tensor | None
+    ) -> tuple[Verdict, VerifyTiming, int]:
         """Runs one round (sync to base_len, score, judge, commit); returns the verdict, timing and new length."""
         return only_result(self.verify_many([(session_id, base_len, draft_tokens, draft_probs)]))
 
-    def verify_many(self, rounds: Sequence[tuple[str, int, Sequence[int], torch.Tensor | None]]
-                    ) -> list[tuple[Verdict, VerifyTiming, int] | Exception]:
+    def verify_many(
+        self, rounds: Sequence[tuple[str, int, Sequence[int], torch.Tensor | None]]
+    ) -> list[tuple[Verdict, VerifyTiming, int] | Exception]:
         """Runs the rounds of several sessions (one round per session) with one scoring pass; per round
         (verdict, timing, new length) or the error that failed it alone."""
         return self._step([], rounds)[1]
@@ -105,14 +112,16 @@ class VerifyService:
         if len(draft_tokens) > limit:
             raise InvalidFieldError(field, f"{len(draft_tokens)} tokens exceed the limit of {limit}")
 
-    def next_round_choice(self, session_id: str, after_base_len: int, rounds: Sequence[GuessedRound],
-                          plain_otherwise: bool) -> FollowUpChoice:
+    def next_round_choice(
+        self, session_id: str, after_base_len: int, rounds: Sequence[GuessedRound], plain_otherwise: bool
+    ) -> FollowUpChoice:
         """For the step batcher's follow-up: given the result of the session's last round (verdict, timing, length),
         the step call of the guessed round its verdict matches, tagged with that round's index, or a plain step
         (PLAIN_STEP) when none does and plain_otherwise; None when nothing runs, including when the last round is
         not the one at after_base_len (it was rolled back, or a later round already ran); NOT_YET while the session
         is no longer than after_base_len (that round has not run: the follow-up overtook it). Raises
         SessionNotFoundError for a session that is not open."""
+
         def choose(last: object) -> tuple[int, tuple] | NotYet | None:
             session = self.sessions.get(session_id)
             if isinstance(last, Exception):  # that round failed (its caller is told)
@@ -128,10 +137,14 @@ class VerifyService:
                 if (guessed.num_accepted, guessed.next_token) == (verdict.num_accepted, verdict.next_token):
                     return index, (session_id, VERIFY, session_len, guessed.draft_tokens, guessed.draft_probs)
             return (PLAIN_STEP, (session_id, VERIFY, session_len, [], None)) if plain_otherwise else None
+
         return choose
 
-    def _step(self, opens: Sequence[tuple[str, Sequence[int], SamplingParams]],
-              rounds: Sequence[tuple[str, int, Sequence[int], torch.Tensor | None]]) -> tuple[list, list]:
+    def _step(
+        self,
+        opens: Sequence[tuple[str, Sequence[int], SamplingParams]],
+        rounds: Sequence[tuple[str, int, Sequence[int], torch.Tensor | None]],
+    ) -> tuple[list, list]:
         """Opens `opens` and runs `rounds` in one packed pass: (per open the step's time in ns or its error,
         per round (verdict, timing, new length) or its error)."""
         open_results: list[int | Exception | None] = [None] * len(opens)
@@ -150,15 +163,18 @@ class VerifyService:
             try:
                 self.check_draft_length(draft_tokens)
                 session = self.sessions.get(session_id)
-                jobs.append((index, VerifyJob(session.kv, session_id, base_len, draft_tokens, draft_probs,
-                                              session.params)))
+                jobs.append(
+                    (index, VerifyJob(session.kv, session_id, base_len, draft_tokens, draft_probs, session.params))
+                )
             except Exception as error:  # noqa: BLE001
                 round_results[index] = error
         started = time.perf_counter_ns()
         try:
-            outcomes = verify_rounds([job for _, job in jobs],
-                                     [plan for _, kv in opened if (plan := kv.plan_prefill()) is not None],
-                                     self.on_pass)
+            outcomes = verify_rounds(
+                [job for _, job in jobs],
+                [plan for _, kv in opened if (plan := kv.plan_prefill()) is not None],
+                self.on_pass,
+            )
         except Exception:
             for index, _ in opened:
                 self.close(opens[index][0])
@@ -175,4 +191,3 @@ class VerifyService:
         if closed and self.ranks is not None:
             self.ranks.close_session(session_id)
         return closed
-

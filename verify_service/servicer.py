@@ -22,10 +22,16 @@ def _round_follows(hint: verifier_pb2.NextCallHint) -> Callable[[tuple], bool]:
 
 
 def _verify_response(verdict, timing, session_len: int) -> verifier_pb2.VerifyResponse:
-    return verifier_pb2.VerifyResponse(accepted_token_ids=verdict.accepted_tokens, next_token_id=verdict.next_token,
-                                       is_bonus=verdict.is_bonus, session_len=session_len,
-                                       forward_ns=timing.forward_ns, sampling_ns=timing.sampling_ns,
-                                       batch_rows=timing.batch_rows, batch_tokens=timing.batch_tokens)
+    return verifier_pb2.VerifyResponse(
+        accepted_token_ids=verdict.accepted_tokens,
+        next_token_id=verdict.next_token,
+        is_bonus=verdict.is_bonus,
+        session_len=session_len,
+        forward_ns=timing.forward_ns,
+        sampling_ns=timing.sampling_ns,
+        batch_rows=timing.batch_rows,
+        batch_tokens=timing.batch_tokens,
+    )
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
@@ -35,21 +41,27 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     on the event loop), even while the model thread is still stuck in a collective, and every later call.
     """
 
-    def __init__(self, service: VerifyService, tensor_parallel_size: int = 1,
-                 on_step: Callable[[str, int], None] | None = None):
+    def __init__(
+        self, service: VerifyService, tensor_parallel_size: int = 1, on_step: Callable[[str, int], None] | None = None
+    ):
         self.service = service
         self.tensor_parallel_size = tensor_parallel_size
-        self._batcher = StepBatcher({"step": service.step_many},
-                                    service.settings.max_batch_size, "verify-model", on_step,
-                                    service.settings.max_batch_wait_ms / 1000)
+        self._batcher = StepBatcher(
+            {"step": service.step_many},
+            service.settings.max_batch_size,
+            "verify-model",
+            on_step,
+            service.settings.max_batch_wait_ms / 1000,
+        )
         self._ranks_failed = asyncio.Event()
 
     def ranks_failed(self) -> None:
         """The tensor-parallel group failed: wake the calls waiting on it."""
         self._ranks_failed.set()
 
-    async def _run(self, kind_or_fn: str | Callable, *args, follows: Callable | None = None,
-                   choose: Callable | None = None):
+    async def _run(
+        self, kind_or_fn: str | Callable, *args, follows: Callable | None = None, choose: Callable | None = None
+    ):
         """Runs a batchable kind ("step") or a one-off function on the model thread; `follows(result)`: whether
         the session's next call comes at once; with `choose`, args is the session and the call is a follow-up of
         its last one (specdec/step_batcher.py)."""
@@ -80,7 +92,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         ranks = self.service.ranks
         self._batcher.close(wait=ranks is None or ranks.failure is None)
 
-    async def OpenSession(self, request: verifier_pb2.OpenVerifySessionRequest, context) -> verifier_pb2.OpenVerifySessionResponse:
+    async def OpenSession(
+        self, request: verifier_pb2.OpenVerifySessionRequest, context
+    ) -> verifier_pb2.OpenVerifySessionResponse:
         prompt = check_token_ids(request.prompt_token_ids, self.service.model.vocab_size, "prompt_token_ids")
         params = sampling_from_proto(request.sampling)
         prefill_ns = await self._run("step", request.session_id, OPEN, prompt, params)
@@ -91,14 +105,16 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         drafts = check_token_ids(request.draft_token_ids, vocab_size, "draft_token_ids", allow_empty=True)
         probs = probs_from_proto(request.draft_probs, len(drafts), vocab_size)
         follows = _round_follows(request.next_call) if request.HasField("next_call") else None
-        return _verify_response(*await self._run("step", request.session_id, VERIFY, request.base_len, drafts, probs,
-                                                 follows=follows))
+        return _verify_response(
+            *await self._run("step", request.session_id, VERIFY, request.base_len, drafts, probs, follows=follows)
+        )
 
     async def VerifyNext(self, request: verifier_pb2.VerifyNextRequest, context) -> verifier_pb2.VerifyNextResponse:
         rounds = [self._guessed_round(guessed, f"rounds[{index}]") for index, guessed in enumerate(request.rounds)]
         follows = _round_follows(request.next_call) if request.HasField("next_call") else None
-        choose = self.service.next_round_choice(request.session_id, request.after_base_len, rounds,
-                                                request.plain_otherwise)
+        choose = self.service.next_round_choice(
+            request.session_id, request.after_base_len, rounds, request.plain_otherwise
+        )
         ran = await self._run("step", request.session_id, follows=follows, choose=choose)
         if ran is None:
             return verifier_pb2.VerifyNextResponse(ran=False)
@@ -121,9 +137,16 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     async def Info(self, request: common_pb2.InfoRequest, context) -> common_pb2.ServiceInfo:
         service, model = self.service, self.service.model
         return common_pb2.ServiceInfo(
-            model_id=model.settings.model, vocab_size=model.vocab_size,
-            tokenizer_sha256=model.identity.tokenizer_sha256, device=model.settings.device, dtype=model.settings.dtype,
-            active_sessions=len(service.sessions), kv_cache_tokens=service.sessions.kv_cache_tokens(),
-            max_sessions=service.sessions.max_sessions, max_context_tokens=model.max_context_tokens,
-            tensor_parallel_size=self.tensor_parallel_size, step_cost_fixed_ns=service.step_cost.fixed_ns,
-            step_cost_per_token_ns=service.step_cost.per_token_ns)
+            model_id=model.settings.model,
+            vocab_size=model.vocab_size,
+            tokenizer_sha256=model.identity.tokenizer_sha256,
+            device=model.settings.device,
+            dtype=model.settings.dtype,
+            active_sessions=len(service.sessions),
+            kv_cache_tokens=service.sessions.kv_cache_tokens(),
+            max_sessions=service.sessions.max_sessions,
+            max_context_tokens=model.max_context_tokens,
+            tensor_parallel_size=self.tensor_parallel_size,
+            step_cost_fixed_ns=service.step_cost.fixed_ns,
+            step_cost_per_token_ns=service.step_cost.per_token_ns,
+        )

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.embedded_pair import DEMO_TARGET_DIR
 from specdec.cpu_affinity import CpuAffinitySettings
+from specdec.embedded_pair import DEMO_TARGET_DIR
 from specdec.settings import setting
 from specdec.step_batcher import StepBatchingSettings
 from specdec.tls import ServerTlsSettings
@@ -23,31 +23,50 @@ class VerifySettings(ServerTlsSettings, StepBatchingSettings, CpuAffinitySetting
     device: str = setting("cpu", "device for the target model: cpu or cuda:N (rank r uses cuda:r under TP)")
     dtype: str = setting("float32", "weight dtype: float32, bfloat16 or float16")
     threads: int = setting(1, "CPU threads per rank (0 = torch default)")
-    attention_kernel: bool = setting(True, "CPU, float32: a pass's short rows attend in the compiled kernel "
-                                           "(specdec/ragged_attention.py; built on first start) instead of SDPA")
+    attention_kernel: bool = setting(
+        True,
+        "CPU, float32: a pass's short rows attend in the compiled kernel "
+        "(specdec/ragged_attention.py; built on first start) instead of SDPA",
+    )
     max_sessions: int = setting(256, "most sessions held at once; more are refused with RESOURCE_EXHAUSTED")
     max_speculative_tokens: int = setting(16, "largest number of draft tokens one Verify may carry")
     grace_s: float = setting(10.0, "seconds in-flight calls get to finish after SIGTERM")
     metrics_port: int = setting(0, "port for Prometheus /metrics (0 = off)")
-    trace_exporter: str = setting("none", "where spans go: none, console, otlp (OTEL_EXPORTER_OTLP_* variables), "
-                                          "jsonl:PATH, memory; comma-separated")
+    trace_exporter: str = setting(
+        "none",
+        "where spans go: none, console, otlp (OTEL_EXPORTER_OTLP_* variables), jsonl:PATH, memory; comma-separated",
+    )
     trace_sample_ratio: float = setting(1.0, "share of new traces recorded (parent-based: callers' choice wins)")
     log_level: str = setting("INFO", "logging level")
     # Tensor parallelism (verify_service/tensor_parallel.py). 1 = one plain process, no torch.distributed.
-    tensor_parallel_size: int = setting(1, "ranks the target is sharded over with transformers' tp_plan='auto'; "
-                                           "rank 0 serves gRPC (1 = a plain process, no torch.distributed)")
-    tp_launcher: str = setting("local", "how ranks 1..N-1 start: local (processes on this node) or ray "
-                                        "(a placement group with one bundle per rank, an actor per rank)")
-    tp_master_addr: str = setting("", "address rank 0 listens on for the ranks to join "
-                                      "(empty: 127.0.0.1 for local, this node's IP for ray)")
+    tensor_parallel_size: int = setting(
+        1,
+        "ranks the target is sharded over with transformers' tp_plan='auto'; "
+        "rank 0 serves gRPC (1 = a plain process, no torch.distributed)",
+    )
+    tp_launcher: str = setting(
+        "local",
+        "how ranks 1..N-1 start: local (processes on this node) or ray "
+        "(a placement group with one bundle per rank, an actor per rank)",
+    )
+    tp_master_addr: str = setting(
+        "", "address rank 0 listens on for the ranks to join (empty: 127.0.0.1 for local, this node's IP for ray)"
+    )
     tp_master_port: int = setting(0, "port of that rendezvous (0 picks a free one)")
-    tp_timeout_s: float = setting(30.0, "timeout of every collective and of one step across the ranks: a rank "
-                                        "silent for longer is declared hung and the service turns NOT_SERVING")
+    tp_timeout_s: float = setting(
+        30.0,
+        "timeout of every collective and of one step across the ranks: a rank "
+        "silent for longer is declared hung and the service turns NOT_SERVING",
+    )
     tp_start_timeout_s: float = setting(300.0, "how long the ranks get to start, join and load their shards")
-    tp_ray_address: str = setting("", "Ray cluster for --tp-launcher ray ('' starts a local Ray instance with one "
-                                      "CPU per rank, 'auto' joins the running cluster, or ray://HOST:PORT)")
-    tp_ray_placement_strategy: str = setting("PACK", "placement-group strategy: PACK, STRICT_PACK, SPREAD or "
-                                                     "STRICT_SPREAD")
+    tp_ray_address: str = setting(
+        "",
+        "Ray cluster for --tp-launcher ray ('' starts a local Ray instance with one "
+        "CPU per rank, 'auto' joins the running cluster, or ray://HOST:PORT)",
+    )
+    tp_ray_placement_strategy: str = setting(
+        "PACK", "placement-group strategy: PACK, STRICT_PACK, SPREAD or STRICT_SPREAD"
+    )
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
@@ -55,7 +74,9 @@ class VerifySettings(ServerTlsSettings, StepBatchingSettings, CpuAffinitySetting
         if self.tp_launcher not in TP_LAUNCHERS:
             raise ValueError(f"tp_launcher must be one of {', '.join(TP_LAUNCHERS)}, got {self.tp_launcher!r}")
         if self.tp_ray_placement_strategy not in RAY_PLACEMENT_STRATEGIES:
-            raise ValueError(f"tp_ray_placement_strategy must be one of {', '.join(RAY_PLACEMENT_STRATEGIES)}, "
-                             f"got {self.tp_ray_placement_strategy!r}")
+            raise ValueError(
+                f"tp_ray_placement_strategy must be one of {', '.join(RAY_PLACEMENT_STRATEGIES)}, "
+                f"got {self.tp_ray_placement_strategy!r}"
+            )
         if self.tp_timeout_s <= 0 or self.tp_start_timeout_s <= 0:
             raise ValueError("tp_timeout_s and tp_start_timeout_s must be > 0")

@@ -55,6 +55,7 @@ STARTED_KEY = "specdec/started/{rank}"  # set in the rendezvous store by each ra
 # ---------------------------------------------------------------------------------------------------------
 # The protocol: what rank 0 sends to the other ranks.
 
+
 @dataclass(frozen=True)
 class Forward:
     """Run token_ids after the first start_len cached positions of a session's cache."""
@@ -122,6 +123,7 @@ class ControlChannel:
 # ---------------------------------------------------------------------------------------------------------
 # What every rank does: join the group, load its shard.
 
+
 @dataclass(frozen=True)
 class RankSpec:
     """What one rank needs to join the group and load its shard (picklable: it travels to the ranks)."""
@@ -164,11 +166,13 @@ def join_group(spec: RankSpec, store: dist.Store | None = None) -> ControlChanne
         torch.cuda.set_device(spec.local_rank)
     start_timeout = datetime.timedelta(seconds=spec.start_timeout_s)
     if store is None:
-        store = dist.TCPStore(spec.master_addr, spec.master_port, spec.world_size, is_master=False,
-                              timeout=start_timeout)
+        store = dist.TCPStore(
+            spec.master_addr, spec.master_port, spec.world_size, is_master=False, timeout=start_timeout
+        )
         store.set(STARTED_KEY.format(rank=spec.rank), str(os.getpid()))
-    dist.init_process_group(spec.backend, store=store, rank=spec.rank, world_size=spec.world_size,
-                            timeout=start_timeout)
+    dist.init_process_group(
+        spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, timeout=start_timeout
+    )
     return ControlChannel(spec.start_timeout_s)
 
 
@@ -203,6 +207,7 @@ def destroy_process_group() -> None:
 # ---------------------------------------------------------------------------------------------------------
 # Ranks 1..N-1.
 
+
 class RankOutOfStepError(RuntimeError):
     """A worker's cache is shorter than the Forward assumes: it missed a message."""
 
@@ -221,8 +226,10 @@ class CacheMirror:
                 cache = self.caches[op.session_id] = self.model.new_cache()
             surplus = cache.get_seq_length() - op.start_len
             if surplus < 0:
-                raise RankOutOfStepError(f"session {op.session_id!r}: cache holds {cache.get_seq_length()} "
-                                         f"positions, rank 0 starts at {op.start_len}")
+                raise RankOutOfStepError(
+                    f"session {op.session_id!r}: cache holds {cache.get_seq_length()} "
+                    f"positions, rank 0 starts at {op.start_len}"
+                )
             if surplus > 0:
                 cache.crop(-surplus)
             self.model.forward(torch.tensor([op.token_ids], dtype=torch.long), cache)  # [1, T] -> same all-reduces
@@ -234,8 +241,9 @@ class CacheMirror:
 
 def serve_rank(spec: RankSpec) -> None:
     """A worker rank's whole life: join, load the shard, report, replay rank 0's ops until Shutdown."""
-    logging.basicConfig(level=spec.log_level.upper(),
-                        format=f"%(asctime)s %(levelname)s rank{spec.rank} %(name)s: %(message)s")
+    logging.basicConfig(
+        level=spec.log_level.upper(), format=f"%(asctime)s %(levelname)s rank{spec.rank} %(name)s: %(message)s"
+    )
     channel = join_group(spec)
     try:
         model = load_shard(spec)
@@ -260,6 +268,7 @@ def serve_rank(spec: RankSpec) -> None:
 
 # ---------------------------------------------------------------------------------------------------------
 # Rank 0.
+
 
 class RankLauncher(Protocol):
     """Starts ranks 1..N-1 and watches their processes (verify_service.rank_launchers)."""
@@ -300,8 +309,14 @@ class MirroredModel:
 class TensorParallelLeader:
     """Rank 0: the sharded model, the control channel to the other ranks and the watch over them."""
 
-    def __init__(self, model: LoadedModel, channel: ControlChannel, launcher: RankLauncher, ranks: list[RankInfo],
-                 timeout_s: float):
+    def __init__(
+        self,
+        model: LoadedModel,
+        channel: ControlChannel,
+        launcher: RankLauncher,
+        ranks: list[RankInfo],
+        timeout_s: float,
+    ):
         self.model = model
         self.ranks = ranks
         self.timeout_s = timeout_s
@@ -322,22 +337,46 @@ class TensorParallelLeader:
     def start(cls, settings: VerifySettings, launcher: RankLauncher) -> TensorParallelLeader:
         """Starts ranks 1..N-1, joins them as rank 0, loads the shard; returns once every rank is ready."""
         world_size = settings.tensor_parallel_size
-        model_settings = ModelSettings(settings.model, settings.device, settings.dtype, settings.threads,
-                                       settings.attention_kernel)
+        model_settings = ModelSettings(
+            settings.model, settings.device, settings.dtype, settings.threads, settings.attention_kernel
+        )
         if not settings.device.startswith("cuda") and torch.cuda.is_available():
-            raise ValueError("tensor parallelism places shards on the accelerator transformers finds: use --device "
-                             "cuda, or hide the GPUs (CUDA_VISIBLE_DEVICES=) to run on CPU")
+            raise ValueError(
+                "tensor parallelism places shards on the accelerator transformers finds: use --device "
+                "cuda, or hide the GPUs (CUDA_VISIBLE_DEVICES=) to run on CPU"
+            )
         master_addr = settings.tp_master_addr or launcher.default_master_addr()
-        store = dist.TCPStore(master_addr, settings.tp_master_port, world_size, is_master=True,
-                              timeout=datetime.timedelta(seconds=settings.tp_start_timeout_s), wait_for_workers=False)
-        specs = [RankSpec(rank, world_size, master_addr, store.port,
-                          replace(model_settings, device=rank_device(settings.device, launcher.local_rank(rank))),
-                          launcher.local_rank(rank), settings.tp_timeout_s, settings.tp_start_timeout_s,
-                          settings.log_level)
-                 for rank in range(world_size)]
+        store = dist.TCPStore(
+            master_addr,
+            settings.tp_master_port,
+            world_size,
+            is_master=True,
+            timeout=datetime.timedelta(seconds=settings.tp_start_timeout_s),
+            wait_for_workers=False,
+        )
+        specs = [
+            RankSpec(
+                rank,
+                world_size,
+                master_addr,
+                store.port,
+                replace(model_settings, device=rank_device(settings.device, launcher.local_rank(rank))),
+                launcher.local_rank(rank),
+                settings.tp_timeout_s,
+                settings.tp_start_timeout_s,
+                settings.log_level,
+            )
+            for rank in range(world_size)
+        ]
         started = time.perf_counter()
-        log.info("starting %d tensor-parallel ranks (%s launcher, %s, rendezvous %s:%d)", world_size,
-                 type(launcher).__name__, specs[0].backend, master_addr, store.port)
+        log.info(
+            "starting %d tensor-parallel ranks (%s launcher, %s, rendezvous %s:%d)",
+            world_size,
+            type(launcher).__name__,
+            specs[0].backend,
+            master_addr,
+            store.port,
+        )
         try:
             launcher.start(specs[1:])
             _wait_for_ranks(store, launcher, world_size, settings.tp_start_timeout_s)
@@ -350,8 +389,14 @@ class TensorParallelLeader:
             destroy_process_group()
             raise
         for info in ranks:
-            log.info("rank %d pid %d on %s (%s): %.2f MiB of weights", info.rank, info.pid, info.host, info.device,
-                     info.weight_bytes / 2**20)
+            log.info(
+                "rank %d pid %d on %s (%s): %.2f MiB of weights",
+                info.rank,
+                info.pid,
+                info.host,
+                info.device,
+                info.weight_bytes / 2**20,
+            )
         log.info("%d ranks ready in %.1fs", world_size, time.perf_counter() - started)
         return cls(model, channel, launcher, ranks, settings.tp_timeout_s)
 
@@ -465,7 +510,7 @@ class TensorParallelLeader:
     # --- shutdown ---------------------------------------------------------------------------------------
 
     def close(self, grace_s: float = 10.0) -> None:
-        """Tells the ranks to leave, waits for them, destroys the process group (after a failure: waits for the teardown)."""
+        """Tells the ranks to leave, waits for them (or, after a failure, for the teardown), destroys the group."""
         self._stopping.set()
         self._monitor.join()
         with self._failure_lock:
@@ -495,8 +540,10 @@ def _wait_for_ranks(store: dist.TCPStore, launcher: RankLauncher, world_size: in
     while not store.check(keys):
         exited = launcher.exited_ranks()
         if exited:
-            raise RuntimeError("tensor-parallel ranks exited before joining: "
-                               + "; ".join(f"rank {rank} {why}" for rank, why in sorted(exited.items())))
+            raise RuntimeError(
+                "tensor-parallel ranks exited before joining: "
+                + "; ".join(f"rank {rank} {why}" for rank, why in sorted(exited.items()))
+            )
         if time.monotonic() > deadline:
             raise TimeoutError(f"tensor-parallel ranks did not join within {timeout_s:.0f}s")
         time.sleep(MONITOR_PERIOD_S)

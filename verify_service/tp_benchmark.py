@@ -26,8 +26,9 @@ from verify_service.settings import VerifySettings
 from verify_service.tensor_parallel import TensorParallelLeader, local_weight_bytes
 
 
-def time_rounds(service: VerifyService, session_id: str, base_len: int, vocab_size: int, gamma: int, rounds: int,
-                rng: random.Random) -> list[float]:
+def time_rounds(
+    service: VerifyService, session_id: str, base_len: int, vocab_size: int, gamma: int, rounds: int, rng: random.Random
+) -> list[float]:
     """Milliseconds per verify round, each rolled back to base_len (so every round scores the same length)."""
     times = []
     for _ in range(rounds):
@@ -52,9 +53,11 @@ def main(argv: list[str] | None = None) -> None:
     plain = LoadedModel.load(ModelSettings(args.model, "cpu", args.dtype, 1))
     leader = TensorParallelLeader.start(settings, LocalLauncher())
     try:
-        services = {"TP=1, 1 thread": (VerifyService(settings, plain), 1),
-                    "TP=1, 2 threads": (VerifyService(settings, plain), 2),
-                    "TP=2, 1 thread/rank": (VerifyService(settings, leader.model, leader), 1)}
+        services = {
+            "TP=1, 1 thread": (VerifyService(settings, plain), 1),
+            "TP=1, 2 threads": (VerifyService(settings, plain), 2),
+            "TP=2, 1 thread/rank": (VerifyService(settings, leader.model, leader), 1),
+        }
         rng = random.Random(0)
         prompt = [rng.randrange(1, plain.vocab_size) for _ in range(args.prompt_len)]
         for name, (service, threads) in services.items():
@@ -72,16 +75,21 @@ def main(argv: list[str] | None = None) -> None:
         leader.close()
 
     params = sum(p.numel() for p in plain.model.parameters())
-    print(f"model {args.model}: {params / 1e6:.2f}M parameters, {args.dtype}; verify block γ={args.gamma} after a "
-          f"{args.prompt_len}-token prompt; {len(times[next(iter(times))])} rounds each")
+    print(
+        f"model {args.model}: {params / 1e6:.2f}M parameters, {args.dtype}; verify block γ={args.gamma} after a "
+        f"{args.prompt_len}-token prompt; {len(times[next(iter(times))])} rounds each"
+    )
     print(f"weights, TP=1: {local_weight_bytes(plain.model) / 2**20:.2f} MiB")
     for info in leader.ranks:
         print(f"weights, TP=2 rank {info.rank}: {info.weight_bytes / 2**20:.2f} MiB")
     base = statistics.median(times["TP=1, 1 thread"])
     for name, samples in times.items():
         median = statistics.median(samples)
-        print(f"verify latency, {name:<20} median {median:7.2f} ms   p90 {sorted(samples)[int(0.9 * len(samples))]:7.2f} ms"
-              f"   ({base / median:.2f}x TP=1 1 thread)")
+        print(
+            f"verify latency, {name:<20} median {median:7.2f} ms   "
+            f"p90 {sorted(samples)[int(0.9 * len(samples))]:7.2f} ms"
+            f"   ({base / median:.2f}x TP=1 1 thread)"
+        )
 
 
 if __name__ == "__main__":

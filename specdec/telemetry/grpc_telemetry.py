@@ -45,8 +45,9 @@ def _with_trace_context(details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientC
     if not carrier:
         return details
     metadata = grpc.aio.Metadata(*(details.metadata or ()), *carrier.items())
-    return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata, details.credentials,
-                                      details.wait_for_ready)
+    return grpc.aio.ClientCallDetails(
+        details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+    )
 
 
 class _UnaryUnaryTraceContext(grpc.aio.UnaryUnaryClientInterceptor):
@@ -89,10 +90,15 @@ class ServerTelemetryInterceptor(grpc.aio.ServerInterceptor):
         span = None
         token = None
         if not method.startswith(UNTRACED_PREFIXES):
-            parent = propagate.extract({key: value for key, value in (context.invocation_metadata() or ())
-                                        if isinstance(value, str)})
-            span = self._tracer.start_span(method.lstrip("/"), context=parent, kind=SpanKind.SERVER,
-                                           attributes={"rpc.system": "grpc", "rpc.method": method})
+            parent = propagate.extract(
+                {key: value for key, value in (context.invocation_metadata() or ()) if isinstance(value, str)}
+            )
+            span = self._tracer.start_span(
+                method.lstrip("/"),
+                context=parent,
+                kind=SpanKind.SERVER,
+                attributes={"rpc.system": "grpc", "rpc.method": method},
+            )
             for field in TRACED_REQUEST_FIELDS:
                 if hasattr(request, field):
                     span.set_attribute(f"specdec.{field}", getattr(request, field))

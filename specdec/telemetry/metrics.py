@@ -46,12 +46,25 @@ class RpcMetrics:
     """RPCs served by any service, by full method name (/package.Service/Method) and status code name."""
 
     def __init__(self, registry: CollectorRegistry):
-        self.requests = Counter(PREFIX + "grpc_server_requests", "RPCs handled, by method and status code",
-                                ["grpc_method", "grpc_code"], registry=registry)
-        self.errors = Counter(PREFIX + "grpc_server_errors", "RPCs that ended with a status other than OK",
-                              ["grpc_method", "grpc_code"], registry=registry)
-        self.handling_seconds = Histogram(PREFIX + "grpc_server_handling_seconds", "Time to handle one RPC",
-                                          ["grpc_method"], buckets=RPC_BUCKETS, registry=registry)
+        self.requests = Counter(
+            PREFIX + "grpc_server_requests",
+            "RPCs handled, by method and status code",
+            ["grpc_method", "grpc_code"],
+            registry=registry,
+        )
+        self.errors = Counter(
+            PREFIX + "grpc_server_errors",
+            "RPCs that ended with a status other than OK",
+            ["grpc_method", "grpc_code"],
+            registry=registry,
+        )
+        self.handling_seconds = Histogram(
+            PREFIX + "grpc_server_handling_seconds",
+            "Time to handle one RPC",
+            ["grpc_method"],
+            buckets=RPC_BUCKETS,
+            registry=registry,
+        )
 
     def observe(self, method: str, code: str, seconds: float) -> None:
         self.requests.labels(method, code).inc()
@@ -72,39 +85,63 @@ class SpeculationMetrics:
         self.rounds = counter("rounds", "Draft+verify rounds (plain decoding steps count as rounds drafting 0)")
         self.drafted_tokens = counter("drafted_tokens", "Tokens drafted")
         self.accepted_tokens = counter("accepted_tokens", "Drafted tokens the verifier accepted")
-        self.drafted_by_position = counter("drafted_tokens_by_position",
-                                           "Rounds that drafted position i (0 = the first drafted token)", ("position",))
-        self.accepted_by_position = counter("accepted_tokens_by_position",
-                                            "Rounds whose drafted token at position i was accepted", ("position",))
+        self.drafted_by_position = counter(
+            "drafted_tokens_by_position", "Rounds that drafted position i (0 = the first drafted token)", ("position",)
+        )
+        self.accepted_by_position = counter(
+            "accepted_tokens_by_position", "Rounds whose drafted token at position i was accepted", ("position",)
+        )
         self.predraft_attempts = counter("predraft_attempts", "Blocks drafted while the previous one was verified")
         self.predraft_hits = counter("predraft_hits", "Pre-drafted blocks that matched the verdict")
-        self.chained_rounds = counter("chained_rounds", "Rounds the verifier ran straight after the previous "
-                                                        "verdict (VerifyNext), without a round trip")
+        self.chained_rounds = counter(
+            "chained_rounds",
+            "Rounds the verifier ran straight after the previous verdict (VerifyNext), without a round trip",
+        )
         self.finished = counter("requests_finished", "Generations that ended, by finish reason", ("finish_reason",))
-        self.tokens_per_round = Histogram(PREFIX + "tokens_per_round",
-                                          "Tokens committed per round (accepted + recovered/bonus); "
-                                          "_sum/_count is the mean accepted length",
-                                          buckets=TOKENS_PER_ROUND_BUCKETS, registry=registry)
-        self.stage_seconds = Histogram(PREFIX + "stage_duration_seconds",
-                                       "Time per stage and call: draft (drafter's Propose), verify (target forward), "
-                                       "sampling (rejection sampler), wire (internal round trips minus the "
-                                       "service time), prefill (opening both sessions)",
-                                       ["stage"], buckets=STAGE_BUCKETS, registry=registry)
-        self.time_to_first_token = Histogram(PREFIX + "time_to_first_token_seconds",
-                                             "From receiving a request to handing its first token to gRPC",
-                                             buckets=TTFT_BUCKETS, registry=registry)
-        self.inter_token_latency = Histogram(PREFIX + "inter_token_latency_seconds",
-                                             "Time per token after the first chunk: each later chunk's gap to "
-                                             "the previous one, divided over its tokens",
-                                             buckets=ITL_BUCKETS, registry=registry)
+        self.tokens_per_round = Histogram(
+            PREFIX + "tokens_per_round",
+            "Tokens committed per round (accepted + recovered/bonus); _sum/_count is the mean accepted length",
+            buckets=TOKENS_PER_ROUND_BUCKETS,
+            registry=registry,
+        )
+        self.stage_seconds = Histogram(
+            PREFIX + "stage_duration_seconds",
+            "Time per stage and call: draft (drafter's Propose), verify (target forward), "
+            "sampling (rejection sampler), wire (internal round trips minus the "
+            "service time), prefill (opening both sessions)",
+            ["stage"],
+            buckets=STAGE_BUCKETS,
+            registry=registry,
+        )
+        self.time_to_first_token = Histogram(
+            PREFIX + "time_to_first_token_seconds",
+            "From receiving a request to handing its first token to gRPC",
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.inter_token_latency = Histogram(
+            PREFIX + "inter_token_latency_seconds",
+            "Time per token after the first chunk: each later chunk's gap to the previous one, divided over its tokens",
+            buckets=ITL_BUCKETS,
+            registry=registry,
+        )
         self.active_requests = Gauge(PREFIX + "active_requests", "Generations running now", registry=registry)
-        self.gate_throughput = Gauge(PREFIX + "speculation_gate_tokens_per_second",
-                                     "Committed tokens/s (all requests) the speculation gate measured, by load "
-                                     "(log2 of active generations) and way (speculative, plain): the faster way is "
-                                     "the one kept there", ["load", "way"], registry=registry)
-        self.round_slowdown = Gauge(PREFIX + "round_slowdown", "Realized over predicted round time, by kind "
-                                    "(speculative, plain) and load (log2 of sessions per verify pass); scales the "
-                                    "γ policy's predictions", ["kind", "load"], registry=registry)
+        self.gate_throughput = Gauge(
+            PREFIX + "speculation_gate_tokens_per_second",
+            "Committed tokens/s (all requests) the speculation gate measured, by load "
+            "(log2 of active generations) and way (speculative, plain): the faster way is "
+            "the one kept there",
+            ["load", "way"],
+            registry=registry,
+        )
+        self.round_slowdown = Gauge(
+            PREFIX + "round_slowdown",
+            "Realized over predicted round time, by kind "
+            "(speculative, plain) and load (log2 of sessions per verify pass); scales the "
+            "γ policy's predictions",
+            ["kind", "load"],
+            registry=registry,
+        )
 
     def round_committed(self, drafted: int, accepted: int) -> None:
         """One round that drafted `drafted` tokens and accepted the first `accepted` (as SpeculationStats.record)."""
@@ -135,20 +172,26 @@ def speculation_metrics(registry: CollectorRegistry = REGISTRY) -> SpeculationMe
     return SpeculationMetrics(registry)
 
 
-def session_gauges(active_sessions: Callable[[], int], kv_cache_tokens: Callable[[], int],
-                   registry: CollectorRegistry = REGISTRY) -> None:
+def session_gauges(
+    active_sessions: Callable[[], int], kv_cache_tokens: Callable[[], int], registry: CollectorRegistry = REGISTRY
+) -> None:
     """Gauges read at scrape time: sessions open on this replica and the tokens their KV caches hold."""
-    Gauge(PREFIX + "active_sessions", "Sessions open on this replica",
-          registry=registry).set_function(active_sessions)
-    Gauge(PREFIX + "kv_cache_tokens", "Tokens held in KV caches over all open sessions",
-          registry=registry).set_function(kv_cache_tokens)
+    Gauge(PREFIX + "active_sessions", "Sessions open on this replica", registry=registry).set_function(active_sessions)
+    Gauge(
+        PREFIX + "kv_cache_tokens", "Tokens held in KV caches over all open sessions", registry=registry
+    ).set_function(kv_cache_tokens)
 
 
 @functools.cache
 def batch_size_histogram(registry: CollectorRegistry = REGISTRY) -> Histogram:
     """Calls run together per model step on a replica, by kind (open, verify, propose)."""
-    return Histogram(PREFIX + "batch_size", "Calls batched into one model step", ["kind"],
-                     buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=registry)
+    return Histogram(
+        PREFIX + "batch_size",
+        "Calls batched into one model step",
+        ["kind"],
+        buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+        registry=registry,
+    )
 
 
 def observe_batch(kind: str, calls: int) -> None:
@@ -161,12 +204,19 @@ class VerifyPassMetrics:
     holds up every session batched with it, which these show apart from the passes without one."""
 
     def __init__(self, registry: CollectorRegistry):
-        self.duration = Histogram(PREFIX + "verify_pass_duration_seconds",
-                                  "Time of one scoring pass, by whether it carried a prefill", ["prefill"],
-                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5),
-                                  registry=registry)
-        self.tokens = Counter(PREFIX + "verify_pass_tokens", "Tokens fed to scoring passes: prompt tokens "
-                              "prefilled, and tokens scored for rounds (γ + 1 each)", ["kind"], registry=registry)
+        self.duration = Histogram(
+            PREFIX + "verify_pass_duration_seconds",
+            "Time of one scoring pass, by whether it carried a prefill",
+            ["prefill"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5),
+            registry=registry,
+        )
+        self.tokens = Counter(
+            PREFIX + "verify_pass_tokens",
+            "Tokens fed to scoring passes: prompt tokens prefilled, and tokens scored for rounds (γ + 1 each)",
+            ["kind"],
+            registry=registry,
+        )
 
     def observe(self, ns: int, prefill_tokens: int, scored_tokens: int) -> None:
         """One pass of `ns` that prefilled prefill_tokens prompt tokens and scored scored_tokens."""

@@ -67,9 +67,15 @@ def chain_times(spans: Sequence[dict]) -> ChainTimes:
             predraft = _first(kids, "draft.propose", predraft=True)
             verify_next = _first(kids, "verify_next")
             if previous_verdict is not None and verify and predraft and verify_next:
-                for link, (start, end) in zip(LINKS, [
-                        (previous_verdict["end_ns"], predraft["start_ns"]), (predraft["start_ns"], predraft["end_ns"]),
-                        (predraft["end_ns"], verify_next["start_ns"]), (verify_next["start_ns"], verify["end_ns"])]):
+                for link, (start, end) in zip(
+                    LINKS,
+                    [
+                        (previous_verdict["end_ns"], predraft["start_ns"]),
+                        (predraft["start_ns"], predraft["end_ns"]),
+                        (predraft["end_ns"], verify_next["start_ns"]),
+                        (verify_next["start_ns"], verify["end_ns"]),
+                    ],
+                ):
                     times.links[link].append((end - start) / 1e6)
             previous_verdict = verify
     return times
@@ -89,17 +95,23 @@ def describe(times: ChainTimes, wait_ms: float) -> str:
     for link in LINKS:
         quantiles = np.quantile(times.links[link], QUANTILES)
         lines.append(f"{link:<16}" + "".join(f"{value:>9.1f}" for value in quantiles))
-    lines.append(f"successor after its pass ended: {times.late_share():.1%}; "
-                 f"more than {wait_ms:g} ms after (missed it): {times.late_share(wait_ms):.1%}")
+    lines.append(
+        f"successor after its pass ended: {times.late_share():.1%}; "
+        f"more than {wait_ms:g} ms after (missed it): {times.late_share(wait_ms):.1%}"
+    )
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(prog="python -m specdec.telemetry.predraft_chain", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m specdec.telemetry.predraft_chain",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--spans", type=pathlib.Path, nargs="+", required=True, help="JSONL span files")
-    parser.add_argument("--wait-ms", type=float, default=20.0,
-                        help="the verifier's step wait (its --max-batch-wait-ms) [20]")
+    parser.add_argument(
+        "--wait-ms", type=float, default=20.0, help="the verifier's step wait (its --max-batch-wait-ms) [20]"
+    )
     args = parser.parse_args(argv)
     times = chain_times(read_spans(args.spans))
     if not times.rounds:

@@ -24,11 +24,23 @@ from specdec.telemetry.tracing import LANE_ATTRIBUTE
 
 LANES = ("coordinator", "draft", "verify")
 COLORS = {  # by span name; server spans and anything else fall back to grey
-    "generate": "#d9d9d9", "round": "#c6dbef", "open_sessions": "#e5d8bd", "close_sessions": "#e5d8bd",
-    "draft.propose": "#9ecae1", "verify": "#fdae6b", "commit": "#74c476", "wire": "#bdbdbd",
-    "draft.forward": "#3182bd", "verify.forward": "#e6550d", "verify.sampling": "#a63603",
-    "draft.prefill": "#8c6d31", "verify.prefill": "#8c6d31", "draft.open_session": "#e7cb94",
-    "verify.open_session": "#e7cb94", "draft.close_session": "#e7cb94", "verify.close_session": "#e7cb94",
+    "generate": "#d9d9d9",
+    "round": "#c6dbef",
+    "open_sessions": "#e5d8bd",
+    "close_sessions": "#e5d8bd",
+    "draft.propose": "#9ecae1",
+    "verify": "#fdae6b",
+    "commit": "#74c476",
+    "wire": "#bdbdbd",
+    "draft.forward": "#3182bd",
+    "verify.forward": "#e6550d",
+    "verify.sampling": "#a63603",
+    "draft.prefill": "#8c6d31",
+    "verify.prefill": "#8c6d31",
+    "draft.open_session": "#e7cb94",
+    "verify.open_session": "#e7cb94",
+    "draft.close_session": "#e7cb94",
+    "verify.close_session": "#e7cb94",
 }
 SERVER_COLOR = "#efefef"
 
@@ -62,8 +74,11 @@ def select_trace(spans: Sequence[dict], request_id: str | None = None, trace_id:
     """The spans of one trace: by trace id, by request id (the client's, on the Coordinator's server span, or the
     coordinator's, on the `generate` span), or the last request's."""
     if trace_id is None:
-        requests = [s for s in spans if s["name"] == "generate"] if request_id is None else [
-            s for s in spans if s["attributes"].get("specdec.request_id") == request_id]
+        requests = (
+            [s for s in spans if s["name"] == "generate"]
+            if request_id is None
+            else [s for s in spans if s["attributes"].get("specdec.request_id") == request_id]
+        )
         if not requests:
             raise SystemExit(f"no request {request_id!r} in the spans" if request_id else "no request in the spans")
         trace_id = max(requests, key=lambda s: s["start_ns"])["trace_id"]
@@ -76,9 +91,19 @@ def select_trace(spans: Sequence[dict], request_id: str | None = None, trace_id:
 def layout(spans: Sequence[dict]) -> list[SpanRecord]:
     """Lanes, nesting depths and rows (greedy: the first row of the span's band, depth and server or not,
     that it does not overlap)."""
-    records = {s["span_id"]: SpanRecord(s["name"], s["span_id"], s["parent_span_id"], s["start_ns"], s["end_ns"],
-                                        s["attributes"].get(LANE_ATTRIBUTE) or s.get("role") or "coordinator",
-                                        s["kind"], s["attributes"]) for s in spans}
+    records = {
+        s["span_id"]: SpanRecord(
+            s["name"],
+            s["span_id"],
+            s["parent_span_id"],
+            s["start_ns"],
+            s["end_ns"],
+            s["attributes"].get(LANE_ATTRIBUTE) or s.get("role") or "coordinator",
+            s["kind"],
+            s["attributes"],
+        )
+        for s in spans
+    }
     for record in records.values():
         depth, parent = 0, records.get(record.parent_span_id)
         while parent is not None and depth < 64:
@@ -133,8 +158,16 @@ def draw(spans: Sequence[dict], out: pathlib.Path, title: str = "") -> None:
         start_ms, width_ms = (record.start_ns - origin) / 1e6, max((record.end_ns - record.start_ns) / 1e6, 1e-3)
         row = offsets[record.lane] + record.row
         color = SERVER_COLOR if record.kind == "SERVER" else COLORS.get(record.name, "#dadaeb")
-        ax.barh(row, width_ms, left=start_ms, height=0.8, color=color, edgecolor="#555555", linewidth=0.4,
-                hatch="//" if record.name == "wire" else None)
+        ax.barh(
+            row,
+            width_ms,
+            left=start_ms,
+            height=0.8,
+            color=color,
+            edgecolor="#555555",
+            linewidth=0.4,
+            hatch="//" if record.name == "wire" else None,
+        )
         label = _label(record)
         if width_ms > total_ms * 0.008 * len(label):
             ax.text(start_ms + width_ms / 2, row, label, ha="center", va="center", fontsize=6, clip_on=True)
@@ -145,13 +178,30 @@ def draw(spans: Sequence[dict], out: pathlib.Path, title: str = "") -> None:
     ax.set_xlim(0, total_ms * 1.01)
     ax.set_xlabel("ms since the request arrived")
     ax.set_title(title, fontsize=9)
-    legend = ["round", "draft.propose", "draft.forward", "verify", "verify.forward", "verify.sampling", "commit",
-              "wire", "draft.prefill"]
-    handles = [Patch(facecolor=COLORS[n], edgecolor="#555555", hatch="//" if n == "wire" else None,
-                     label="prefill" if n == "draft.prefill" else n) for n in legend]
+    legend = [
+        "round",
+        "draft.propose",
+        "draft.forward",
+        "verify",
+        "verify.forward",
+        "verify.sampling",
+        "commit",
+        "wire",
+        "draft.prefill",
+    ]
+    handles = [
+        Patch(
+            facecolor=COLORS[n],
+            edgecolor="#555555",
+            hatch="//" if n == "wire" else None,
+            label="prefill" if n == "draft.prefill" else n,
+        )
+        for n in legend
+    ]
     handles.append(Patch(facecolor=SERVER_COLOR, edgecolor="#555555", label="gRPC server span"))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=len(handles), fontsize=7,
-              frameon=False)
+    ax.legend(
+        handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=len(handles), fontsize=7, frameon=False
+    )
     fig.tight_layout()
     fig.savefig(out, dpi=130)
     plt.close(fig)
@@ -163,13 +213,18 @@ def describe(spans: Sequence[dict]) -> str:
     if request is None:
         return f"trace {spans[0]['trace_id']}"
     a = request["attributes"]
-    rounds, drafted, accepted = a.get("specdec.rounds", 0), a.get("specdec.drafted_tokens", 0), a.get(
-        "specdec.accepted_tokens", 0)
+    rounds, drafted, accepted = (
+        a.get("specdec.rounds", 0),
+        a.get("specdec.drafted_tokens", 0),
+        a.get("specdec.accepted_tokens", 0),
+    )
     alpha = f", α={accepted / drafted:.2f}" if drafted else ""
-    return (f"request {a.get('specdec.request_id', '')}: {a.get('specdec.prompt_tokens', 0)} prompt + "
-            f"{a.get('specdec.generated_tokens', 0)} generated tokens, γ={a.get('specdec.num_speculative_tokens')}, "
-            f"{rounds} rounds{alpha}, overlap={a.get('specdec.overlap')}, "
-            f"{(request['end_ns'] - request['start_ns']) / 1e6:.1f} ms (trace {request['trace_id']})")
+    return (
+        f"request {a.get('specdec.request_id', '')}: {a.get('specdec.prompt_tokens', 0)} prompt + "
+        f"{a.get('specdec.generated_tokens', 0)} generated tokens, γ={a.get('specdec.num_speculative_tokens')}, "
+        f"{rounds} rounds{alpha}, overlap={a.get('specdec.overlap')}, "
+        f"{(request['end_ns'] - request['start_ns']) / 1e6:.1f} ms (trace {request['trace_id']})"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -23,8 +23,13 @@ from collections.abc import Sequence
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import (BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor,
-                                            SpanExporter, SpanExportResult)
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
@@ -52,8 +57,9 @@ def span_to_dict(span: ReadableSpan) -> dict:
         "status": span.status.status_code.name,
         "role": span.resource.attributes.get(ROLE_ATTRIBUTE, ""),
         "attributes": dict(span.attributes or {}),
-        "events": [{"name": e.name, "time_ns": e.timestamp, "attributes": dict(e.attributes or {})}
-                   for e in span.events],
+        "events": [
+            {"name": e.name, "time_ns": e.timestamp, "attributes": dict(e.attributes or {})} for e in span.events
+        ],
     }
 
 
@@ -93,11 +99,15 @@ def build_tracer_provider(role: str, exporters: str, sample_ratio: float) -> Spe
         return None
     provider = SpecdecTracerProvider(
         resource=Resource.create({"service.name": f"specdec-{role}", ROLE_ATTRIBUTE: role}),
-        sampler=ParentBased(TraceIdRatioBased(sample_ratio)))
+        sampler=ParentBased(TraceIdRatioBased(sample_ratio)),
+    )
     for name in names:
         if name == "console":
-            provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(
-                out=sys.stderr, formatter=lambda s: json.dumps(span_to_dict(s)) + "\n")))
+            provider.add_span_processor(
+                SimpleSpanProcessor(
+                    ConsoleSpanExporter(out=sys.stderr, formatter=lambda s: json.dumps(span_to_dict(s)) + "\n")
+                )
+            )
         elif name == "otlp":
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
@@ -109,8 +119,10 @@ def build_tracer_provider(role: str, exporters: str, sample_ratio: float) -> Spe
             provider.memory_exporter = InMemorySpanExporter()
             provider.add_span_processor(SimpleSpanProcessor(provider.memory_exporter))
         else:
-            raise ValueError(f"trace_exporter: unknown exporter {name!r} "
-                             "(use none, console, otlp, jsonl:PATH or memory, comma-separated)")
+            raise ValueError(
+                f"trace_exporter: unknown exporter {name!r} "
+                "(use none, console, otlp, jsonl:PATH or memory, comma-separated)"
+            )
     return provider
 
 
@@ -130,5 +142,8 @@ def setup_tracing(role: str, exporters: str, sample_ratio: float) -> SpecdecTrac
 def setup_tracing_from_env(role: str) -> None:
     """For a service that has not called setup_tracing: the same settings, read from SPECDEC_TRACE_* variables."""
     if not _configured:
-        setup_tracing(role, os.environ.get(env_name("trace_exporter"), "none"),
-                      float(os.environ.get(env_name("trace_sample_ratio"), "1.0")))
+        setup_tracing(
+            role,
+            os.environ.get(env_name("trace_exporter"), "none"),
+            float(os.environ.get(env_name("trace_sample_ratio"), "1.0")),
+        )

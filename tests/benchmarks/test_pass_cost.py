@@ -28,8 +28,24 @@ def test_spread_lengths_are_even_around_the_context_and_the_one_row_pass_holds_t
 
 def test_run_on_the_tiny_target_times_every_point_and_writes_json_and_png(tiny_pair_dirs, tmp_path, capsys):
     target_dir, _ = tiny_pair_dirs
-    report = pass_cost.main(["--target", str(target_dir), "--contexts", "8,20", "--rows", "1,3", "--gamma", "2",
-                             "--context-spread", "8", "--repeats", "2", "--out-dir", str(tmp_path)])
+    report = pass_cost.main(
+        [
+            "--target",
+            str(target_dir),
+            "--contexts",
+            "8,20",
+            "--rows",
+            "1,3",
+            "--gamma",
+            "2",
+            "--context-spread",
+            "8",
+            "--repeats",
+            "2",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     assert "round 2/2" in capsys.readouterr().out
     assert json.loads((tmp_path / "pass_cost.json").read_text()) == report
     assert (tmp_path / "pass_cost.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -41,9 +57,28 @@ def test_run_on_the_tiny_target_times_every_point_and_writes_json_and_png(tiny_p
 
 def test_run_with_a_prompt_times_its_prefill_and_gives_each_point_a_ceiling(tiny_pair_dirs, tmp_path, capsys):
     target_dir, _ = tiny_pair_dirs
-    report = pass_cost.main(["--target", str(target_dir), "--contexts", "12", "--rows", "1,3", "--gamma", "2",
-                             "--repeats", "2", "--prompt-tokens", "10", "--new-tokens", "16",
-                             "--tokens-per-round", "2", "--out-dir", str(tmp_path)])
+    report = pass_cost.main(
+        [
+            "--target",
+            str(target_dir),
+            "--contexts",
+            "12",
+            "--rows",
+            "1,3",
+            "--gamma",
+            "2",
+            "--repeats",
+            "2",
+            "--prompt-tokens",
+            "10",
+            "--new-tokens",
+            "16",
+            "--tokens-per-round",
+            "2",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     assert "on/off ceiling for 16 new tokens at 2 a round" in capsys.readouterr().out
     workload = report["workload"]
     assert workload["prompt_tokens"] == 10 and len(workload["prefill_samples_ms"]) == 2 and workload["prefill_ms"] > 0

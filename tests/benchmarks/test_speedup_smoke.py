@@ -13,8 +13,21 @@ SWEEP_GAMMAS = (1, 3)
 def test_quick_run_writes_every_figure_and_greedy_outputs_agree(tiny_pair_dirs, tmp_path, capsys):
     target_dir, draft_dir = tiny_pair_dirs
     # One thread keeps the smoke run fast on a busy 2-core machine; the real run gives every contender 2.
-    report = speedup.main(["--quick", "--target", str(target_dir), "--draft", str(draft_dir), "--threads", "1",
-                           "--sweep-gammas", ",".join(map(str, SWEEP_GAMMAS)), "--out-dir", str(tmp_path)])
+    report = speedup.main(
+        [
+            "--quick",
+            "--target",
+            str(target_dir),
+            "--draft",
+            str(draft_dir),
+            "--threads",
+            "1",
+            "--sweep-gammas",
+            ",".join(map(str, SWEEP_GAMMAS)),
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     printed = capsys.readouterr().out
     assert "rep 3/3" in printed and "headline (greedy)" in printed and "grpc_overlap" in printed
 
@@ -35,8 +48,13 @@ def test_quick_run_writes_every_figure_and_greedy_outputs_agree(tiny_pair_dirs, 
     assert report["c"] > 0 and report["c_grpc"] > 0
     for result in report["step_times_ms"].values():
         for side in ("target", "draft"):
-            assert {"bare_forward_ms", "runtime_forward_ms", "session_step_ms", "verify_block_ms",
-                    "runtime_overhead_pct"} <= set(result[side])
+            assert {
+                "bare_forward_ms",
+                "runtime_forward_ms",
+                "session_step_ms",
+                "verify_block_ms",
+                "runtime_overhead_pct",
+            } <= set(result[side])
     points = report["gamma_sweep"]["points"]
     assert [p["gamma"] for p in points] == list(SWEEP_GAMMAS)
     assert all({"speedup", "alpha", "bound", "tokens_per_s"} <= set(p["grpc_overlap"]) for p in points)
@@ -50,7 +68,7 @@ def test_quick_run_writes_every_figure_and_greedy_outputs_agree(tiny_pair_dirs, 
     assert len(reference) == report["prompts"]["count"] and all(reference)
     sweep_prompts = report["gamma_sweep"]["prompts"]
     for name, token_ids in outputs.items():
-        assert token_ids == reference[:len(token_ids)], name
+        assert token_ids == reference[: len(token_ids)], name
         assert len(token_ids) == (sweep_prompts if "@gamma=" in name else len(reference)), name
     assert report["checks"]["greedy_outputs_identical"] and not report["checks"]["greedy_mismatches"]
     # The project's three speculative paths share position-keyed draws, so they agree when sampling too.

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
-
 from certs import Pki, make_pki
+from tiny_models import make_pair
+
 from coordinator.api_keys import add_key
 from coordinator.redis_state import RedisKeys, connect_sync
 from specdec.client import Client
@@ -23,7 +24,6 @@ from specdec.local_stack import ServiceProcess, start_service
 from specdec.redis_server import RedisServer
 from specdec.settings import flag_name
 from specdec.v1 import common_pb2, drafter_pb2_grpc, verifier_pb2_grpc
-from tiny_models import make_pair
 
 
 def in_parallel(*starts: Callable[[], ServiceProcess]) -> list[ServiceProcess]:
@@ -56,8 +56,16 @@ class SecureReplicas:
     log_dir: pathlib.Path
 
     def coordinator_args(self, client_certificate: bool = True) -> list[str]:
-        args = ["--tokenizer", self.target, "--draft-replicas", self.draft.address,
-                "--verify-replicas", self.verify.address, "--replica-tls-ca", str(self.pki.ca.cert)]
+        args = [
+            "--tokenizer",
+            self.target,
+            "--draft-replicas",
+            self.draft.address,
+            "--verify-replicas",
+            self.verify.address,
+            "--replica-tls-ca",
+            str(self.pki.ca.cert),
+        ]
         if client_certificate:
             args += ["--replica-tls-cert", str(self.pki.client.cert), "--replica-tls-key", str(self.pki.client.key)]
         return args
@@ -67,8 +75,10 @@ class SecureReplicas:
 
     def active_sessions(self) -> tuple[int, int]:
         counts = []
-        for service, stub_type in ((self.draft, drafter_pb2_grpc.DrafterStub),
-                                   (self.verify, verifier_pb2_grpc.VerifierStub)):
+        for service, stub_type in (
+            (self.draft, drafter_pb2_grpc.DrafterStub),
+            (self.verify, verifier_pb2_grpc.VerifierStub),
+        ):
             with grpc.secure_channel(service.address, channel_credentials(self.pki)) as channel:
                 counts.append(stub_type(channel).Info(common_pb2.InfoRequest(), timeout=10).active_sessions)
         return counts[0], counts[1]
@@ -92,7 +102,8 @@ def secure_replicas(long_pair_dirs, pki, tmp_path_factory):
     tls = ["--tls-cert", str(pki.server.cert), "--tls-key", str(pki.server.key), "--tls-client-ca", str(pki.ca.cert)]
     draft, verify = in_parallel(
         lambda: start_service("draft", "draft_service", ["--model", str(draft_dir), *tls], log_dir),
-        lambda: start_service("verify", "verify_service", ["--model", str(target_dir), *tls], log_dir))
+        lambda: start_service("verify", "verify_service", ["--model", str(target_dir), *tls], log_dir),
+    )
     yield SecureReplicas(str(target_dir), draft, verify, pki, log_dir)
     draft.stop()
     verify.stop()
@@ -132,7 +143,8 @@ GUARDED_LIMITS = {"max_new_tokens_limit": 16, "max_prompt_tokens": 48, "max_tota
 def guarded(secure_replicas):
     with RedisServer() as redis:
         limits = [arg for name, value in GUARDED_LIMITS.items() for arg in (flag_name(name), str(value))]
-        service = secure_replicas.start_coordinator("coordinator-guarded", "--redis-url", redis.url,
-                                                    "--require-api-key", "--redis-timeout-s", "0.5", *limits)
+        service = secure_replicas.start_coordinator(
+            "coordinator-guarded", "--redis-url", redis.url, "--require-api-key", "--redis-timeout-s", "0.5", *limits
+        )
         yield GuardedCoordinator(redis, service, itertools.count())
         service.stop()

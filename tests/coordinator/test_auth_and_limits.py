@@ -33,15 +33,19 @@ def test_a_valid_key_works_for_every_call(guarded):
         assert client.info().max_new_tokens_limit == 16
 
 
-@pytest.mark.parametrize("metadata", [(), (("authorization", "Bearer"),), (("authorization", "Basic dXNlcjpwdw=="),),
-                                      (("x-api-key", "sd-whatever"),)])
+@pytest.mark.parametrize(
+    "metadata",
+    [(), (("authorization", "Bearer"),), (("authorization", "Basic dXNlcjpwdw=="),), (("x-api-key", "sd-whatever"),)],
+)
 def test_no_key_is_unauthenticated(guarded, metadata):
     with grpc.insecure_channel(guarded.address) as channel:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         request = build_request(PROMPT, max_new_tokens=4)
-        for call in (lambda: stub.Generate(request, metadata=metadata, timeout=30),
-                     lambda: list(stub.GenerateStream(request, metadata=metadata, timeout=30)),
-                     lambda: stub.Info(common_pb2.InfoRequest(), metadata=metadata, timeout=30)):
+        for call in (
+            lambda: stub.Generate(request, metadata=metadata, timeout=30),
+            lambda: list(stub.GenerateStream(request, metadata=metadata, timeout=30)),
+            lambda: stub.Info(common_pb2.InfoRequest(), metadata=metadata, timeout=30),
+        ):
             code, details = status_of(call)
             assert code == grpc.StatusCode.UNAUTHENTICATED and "missing API key" in details
 
@@ -61,8 +65,13 @@ def test_health_checks_need_no_key(guarded):
 
 
 def run_admin(guarded, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "coordinator.api_keys", "--redis-url", guarded.redis.url, *args],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "coordinator.api_keys", "--redis-url", guarded.redis.url, *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_admin_cli_adds_a_hashed_key_and_revokes_it_at_once(guarded):
@@ -70,8 +79,11 @@ def test_admin_cli_adds_a_hashed_key_and_revokes_it_at_once(guarded):
     assert added.returncode == 0, added.stderr
     key = added.stdout.strip()
     stored = redis.Redis.from_url(guarded.redis.url)
-    everything = b"".join(k + b"".join(v for kv in stored.hgetall(k).items() for v in kv)
-                          for k in stored.scan_iter() if stored.type(k) == b"hash")
+    everything = b"".join(
+        k + b"".join(v for kv in stored.hgetall(k).items() for v in kv)
+        for k in stored.scan_iter()
+        if stored.type(k) == b"hash"
+    )
     assert key.encode() not in everything and hash_key(key).encode() in everything  # only the hash is stored
     assert "cli-tenant" in run_admin(guarded, "list").stdout
     assert run_admin(guarded, "add", "cli-tenant").returncode != 0  # one key per name

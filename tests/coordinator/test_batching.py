@@ -44,9 +44,20 @@ def client(stack):
 def fixed_gamma_client(stack):
     """A second coordinator on the same batching replicas that always drafts the request's γ. (On the tiny pair
     a draft pass costs about a target pass, so adaptive γ rightly chooses plain decoding.)"""
-    service = start_service("coordinator-fixed-gamma", "coordinator", [
-        "--tokenizer", stack.target, "--draft-replicas", stack.services["draft"].address,
-        "--verify-replicas", stack.services["verify"].address, "--no-adaptive-gamma"], stack.log_dir)
+    service = start_service(
+        "coordinator-fixed-gamma",
+        "coordinator",
+        [
+            "--tokenizer",
+            stack.target,
+            "--draft-replicas",
+            stack.services["draft"].address,
+            "--verify-replicas",
+            stack.services["verify"].address,
+            "--no-adaptive-gamma",
+        ],
+        stack.log_dir,
+    )
     with Client(service.address, timeout_s=120) as c:
         yield c
     service.stop()
@@ -64,8 +75,14 @@ def test_eight_concurrent_prompts_of_different_lengths_are_token_identical(coord
     prompts = prompts_of_different_lengths(seed=21)
     gammas = [4, 0, 4, 2, 4, 0, 3, 4]  # plain rows and speculative rows share the verifier's passes
     with ThreadPoolExecutor(len(prompts)) as pool:
-        replies = list(pool.map(lambda pg: client.generate(pg[0], max_new_tokens=MAX_NEW, num_speculative_tokens=pg[1],
-                                                           include_stats=True), zip(prompts, gammas)))
+        replies = list(
+            pool.map(
+                lambda pg: client.generate(
+                    pg[0], max_new_tokens=MAX_NEW, num_speculative_tokens=pg[1], include_stats=True
+                ),
+                zip(prompts, gammas),
+            )
+        )
     for prompt, reply in zip(prompts, replies):
         assert list(reply.token_ids) == target_only_generate(target, prompt, SamplingParams(), MAX_NEW).token_ids
     if coordinator == "fixed_gamma_client":
@@ -77,14 +94,26 @@ async def concurrent_verify_rounds(address: str, prompts: list[list[int]], draft
     async with grpc.aio.insecure_channel(address) as channel:
         stub = verifier_pb2_grpc.VerifierStub(channel)
         ids = [f"batch-{i}" for i in range(len(prompts))]
-        await asyncio.gather(*(stub.OpenSession(verifier_pb2.OpenVerifySessionRequest(
-            session_id=i, prompt_token_ids=p, sampling=common_pb2.SamplingParams())) for i, p in zip(ids, prompts)))
+        await asyncio.gather(
+            *(
+                stub.OpenSession(
+                    verifier_pb2.OpenVerifySessionRequest(
+                        session_id=i, prompt_token_ids=p, sampling=common_pb2.SamplingParams()
+                    )
+                )
+                for i, p in zip(ids, prompts)
+            )
+        )
         lengths = [len(p) for p in prompts]
         history = []
         try:
             for _ in range(rounds):
-                replies = await asyncio.gather(*(stub.Verify(verifier_pb2.VerifyRequest(
-                    session_id=i, base_len=n, draft_token_ids=d)) for i, n, d in zip(ids, lengths, drafts)))
+                replies = await asyncio.gather(
+                    *(
+                        stub.Verify(verifier_pb2.VerifyRequest(session_id=i, base_len=n, draft_token_ids=d))
+                        for i, n, d in zip(ids, lengths, drafts)
+                    )
+                )
                 history.append(replies)
                 lengths = [reply.session_len for reply in replies]
         finally:
@@ -105,8 +134,10 @@ def test_concurrent_verify_calls_share_passes_and_each_gets_its_own_verdict(stac
     for replies in history:  # the same rounds one session at a time, in process
         for index, (reference, draft, reply) in enumerate(zip(references, drafts, replies)):
             verdict, _ = verify_round(reference, str(index), len(reference), draft, None, SamplingParams())
-            assert (list(reply.accepted_token_ids), reply.next_token_id) == (verdict.accepted_tokens,
-                                                                              verdict.next_token)
+            assert (list(reply.accepted_token_ids), reply.next_token_id) == (
+                verdict.accepted_tokens,
+                verdict.next_token,
+            )
             assert reply.session_len == len(reference)
             assert reply.batch_tokens >= len(draft) + 1
 
@@ -126,8 +157,9 @@ def test_sampled_output_follows_the_target_distribution_under_batching(fixed_gam
     second = sum(first[t] * next_token_probs(target, prompt + [t]) for t in range(1, target.vocab_size))  # [V]
 
     def one(seed: int) -> tuple[list[int], int]:
-        reply = fixed_gamma_client.generate(prompt, max_new_tokens=2, temperature=1.0, seed=seed,
-                                            num_speculative_tokens=3, include_stats=True)
+        reply = fixed_gamma_client.generate(
+            prompt, max_new_tokens=2, temperature=1.0, seed=seed, num_speculative_tokens=3, include_stats=True
+        )
         return list(reply.token_ids), reply.stats.drafted_tokens
 
     with ThreadPoolExecutor(8) as pool:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import signal
 import time
 
-
 from specdec.client import Client
 from specdec.local_stack import LocalStack, start_service
 from specdec.model_runtime import LoadedModel, ModelSettings
@@ -19,11 +18,14 @@ MAX_NEW = 200
 
 def test_killing_the_drafter_mid_stream_keeps_the_output_exact(tiny_pair_dirs):
     target_dir, draft_dir = tiny_pair_dirs
-    expected = target_only_generate(LoadedModel.load(ModelSettings(str(target_dir))), PROMPT, SamplingParams(),
-                                    MAX_NEW).token_ids
+    expected = target_only_generate(
+        LoadedModel.load(ModelSettings(str(target_dir))), PROMPT, SamplingParams(), MAX_NEW
+    ).token_ids
     # Fixed γ: on the tiny pair adaptive γ would rightly not draft at all, and this test needs the drafter in use.
-    with (LocalStack(str(target_dir), str(draft_dir), coordinator_args=["--no-adaptive-gamma"]) as stack,
-          Client(stack.address, timeout_s=120) as client):
+    with (
+        LocalStack(str(target_dir), str(draft_dir), coordinator_args=["--no-adaptive-gamma"]) as stack,
+        Client(stack.address, timeout_s=120) as client,
+    ):
         draft = stack.services["draft"]
         stream = client.stream(PROMPT, max_new_tokens=MAX_NEW, num_speculative_tokens=1, include_stats=True)
         chunks = [next(stream)]
@@ -37,9 +39,12 @@ def test_killing_the_drafter_mid_stream_keeps_the_output_exact(tiny_pair_dirs):
         assert list(plain.token_ids) == expected[:8] and plain.stats.drafted_tokens == 0
 
         port = draft.port
-        stack.services["draft"] = start_service("draft-restarted", "draft_service",
-                                                ["--address", f"127.0.0.1:{port}", "--model", str(draft_dir)],
-                                                stack.log_dir)
+        stack.services["draft"] = start_service(
+            "draft-restarted",
+            "draft_service",
+            ["--address", f"127.0.0.1:{port}", "--model", str(draft_dir)],
+            stack.log_dir,
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # the coordinator probes the drafter and takes it back
             reply = client.generate(PROMPT, max_new_tokens=8, include_stats=True)

@@ -27,17 +27,30 @@ def stack(tiny_pair_dirs):
     """Fixed γ (adaptive γ changes which draws a sampled request uses, not their distribution: see
     test_batching.py), so sampled outputs can be compared draw for draw with the reference loop."""
     target_dir, draft_dir = tiny_pair_dirs
-    with LocalStack(str(target_dir), str(draft_dir),
-                    coordinator_args=["--max-new-tokens-limit", "200", "--no-adaptive-gamma"]) as running:
+    with LocalStack(
+        str(target_dir), str(draft_dir), coordinator_args=["--max-new-tokens-limit", "200", "--no-adaptive-gamma"]
+    ) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
 def sequential_address(stack):
     """A second coordinator on the same replicas with overlap off."""
-    service = start_service("coordinator-sequential", "coordinator", [
-        "--tokenizer", stack.target, "--draft-replicas", stack.services["draft"].address,
-        "--verify-replicas", stack.services["verify"].address, "--no-overlap", "--no-adaptive-gamma"], stack.log_dir)
+    service = start_service(
+        "coordinator-sequential",
+        "coordinator",
+        [
+            "--tokenizer",
+            stack.target,
+            "--draft-replicas",
+            stack.services["draft"].address,
+            "--verify-replicas",
+            stack.services["verify"].address,
+            "--no-overlap",
+            "--no-adaptive-gamma",
+        ],
+        stack.log_dir,
+    )
     yield service.address
     service.stop()
 
@@ -101,8 +114,11 @@ def test_stream_chunks_concatenate_to_the_unary_result(client):
 
 
 def test_stop_strings_end_generation(client):
-    prompt, full = next((p, r) for p in ("w5 w9 w13", "w7 w8", "w30 w2 w2", "w11", "w40 w41")
-                        if len((r := client.generate(p, max_new_tokens=MAX_NEW)).text.split()) > 3)
+    prompt, full = next(
+        (p, r)
+        for p in ("w5 w9 w13", "w7 w8", "w30 w2 w2", "w11", "w40 w41")
+        if len((r := client.generate(p, max_new_tokens=MAX_NEW)).text.split()) > 3
+    )
     stop = " " + full.text.split()[2]
     cut = client.generate(prompt, max_new_tokens=MAX_NEW, stop=[stop])
     assert cut.finish_reason == 2 and stop not in cut.text and full.text.startswith(cut.text)
@@ -129,21 +145,24 @@ def test_overlap_reports_predraft_hits(client):
     assert stats.chained_rounds >= stats.predraft_hits  # a hit's block ran on the verifier without a round trip
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(prompt=""), "text"),
-    (dict(prompt=[]), "token_ids.ids"),
-    (dict(prompt=[1] * 300), "prompt"),
-    (dict(prompt=[1, 99]), "token_ids.ids"),
-    (dict(max_new_tokens=0), "max_new_tokens"),
-    (dict(max_new_tokens=-3), "max_new_tokens"),
-    (dict(max_new_tokens=201), "max_new_tokens"),
-    (dict(temperature=-0.5), "sampling.temperature"),
-    (dict(top_p=0.0), "sampling.top_p"),
-    (dict(top_p=1.5), "sampling.top_p"),
-    (dict(top_k=-1), "sampling.top_k"),
-    (dict(num_speculative_tokens=-1), "num_speculative_tokens"),
-    (dict(num_speculative_tokens=99), "num_speculative_tokens"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(prompt=""), "text"),
+        (dict(prompt=[]), "token_ids.ids"),
+        (dict(prompt=[1] * 300), "prompt"),
+        (dict(prompt=[1, 99]), "token_ids.ids"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(max_new_tokens=-3), "max_new_tokens"),
+        (dict(max_new_tokens=201), "max_new_tokens"),
+        (dict(temperature=-0.5), "sampling.temperature"),
+        (dict(top_p=0.0), "sampling.top_p"),
+        (dict(top_p=1.5), "sampling.top_p"),
+        (dict(top_k=-1), "sampling.top_k"),
+        (dict(num_speculative_tokens=-1), "num_speculative_tokens"),
+        (dict(num_speculative_tokens=99), "num_speculative_tokens"),
+    ],
+)
 def test_bad_input_is_invalid_argument_naming_the_field(client, kwargs, field):
     args = {"prompt": [1, 2, 3], "max_new_tokens": 5, **kwargs}
     with pytest.raises(grpc.RpcError) as raised:
@@ -156,7 +175,9 @@ def test_unknown_session_is_not_found(stack):
     with grpc.insecure_channel(stack.services["draft"].address) as channel:
         stub = drafter_pb2_grpc.DrafterStub(channel)
         with pytest.raises(grpc.RpcError) as raised:
-            stub.Propose(drafter_pb2.ProposeRequest(session_id="nope", base_len=1, num_speculative_tokens=2), timeout=10)
+            stub.Propose(
+                drafter_pb2.ProposeRequest(session_id="nope", base_len=1, num_speculative_tokens=2), timeout=10
+            )
     assert raised.value.code() == grpc.StatusCode.NOT_FOUND and "session_id" in raised.value.details()
 
 
@@ -186,25 +207,44 @@ def test_guess_lanes_end_right_after_hits_and_misses(stack):
     params = SamplingParams()  # greedy: the draft's runner-up is often the verifier's token, so guesses hit
     lanes_count = 1 + LANES_GAMMA
     outcomes = {"hit": 0, "miss": 0}
-    with grpc.insecure_channel(stack.services["draft"].address) as draft_channel, \
-            grpc.insecure_channel(stack.services["verify"].address) as verify_channel:
+    with (
+        grpc.insecure_channel(stack.services["draft"].address) as draft_channel,
+        grpc.insecure_channel(stack.services["verify"].address) as verify_channel,
+    ):
         drafter = drafter_pb2_grpc.DrafterStub(draft_channel)
         verifier = verifier_pb2_grpc.VerifierStub(verify_channel)
         for attempt, prompt in enumerate(random_prompts(6, seed=9)):
             sampling = sampling_to_proto(params)
             session_id = f"lanes-{attempt}"
-            drafter.OpenSession(drafter_pb2.OpenDraftSessionRequest(
-                session_id=session_id, prompt_token_ids=prompt, sampling=sampling, num_lanes=lanes_count), timeout=30)
-            verifier.OpenSession(verifier_pb2.OpenVerifySessionRequest(
-                session_id=session_id, prompt_token_ids=prompt, sampling=sampling), timeout=30)
+            drafter.OpenSession(
+                drafter_pb2.OpenDraftSessionRequest(
+                    session_id=session_id, prompt_token_ids=prompt, sampling=sampling, num_lanes=lanes_count
+                ),
+                timeout=30,
+            )
+            verifier.OpenSession(
+                verifier_pb2.OpenVerifySessionRequest(
+                    session_id=session_id, prompt_token_ids=prompt, sampling=sampling
+                ),
+                timeout=30,
+            )
             lanes = [DraftLane(i, list(prompt), len(prompt)) for i in range(lanes_count)]
             committed = list(prompt)
 
             def propose(calls: list[tuple[DraftLane, list[int], int]]) -> list[drafter_pb2.ProposeResponse]:
-                request = drafter_pb2.ProposeLanesRequest(session_id=session_id, lanes=[
-                    drafter_pb2.LaneProposal(lane=lane.index, base_len=lane.sync_to(seq)[0],
-                                             appended_token_ids=lane.sync_to(seq)[1], num_speculative_tokens=n,
-                                             num_alternatives=1) for lane, seq, n in calls])
+                request = drafter_pb2.ProposeLanesRequest(
+                    session_id=session_id,
+                    lanes=[
+                        drafter_pb2.LaneProposal(
+                            lane=lane.index,
+                            base_len=lane.sync_to(seq)[0],
+                            appended_token_ids=lane.sync_to(seq)[1],
+                            num_speculative_tokens=n,
+                            num_alternatives=1,
+                        )
+                        for lane, seq, n in calls
+                    ],
+                )
                 replies = list(drafter.ProposeLanes(request, timeout=30).lanes)
                 for (lane, seq, _), reply in zip(calls, replies):
                     lane.synced(seq, list(reply.draft_token_ids), len(committed))
@@ -214,35 +254,59 @@ def test_guess_lanes_end_right_after_hits_and_misses(stack):
             block_lane = lanes[0]
             for _ in range(8):
                 tokens = list(block.draft_token_ids)
-                alternatives = [list(block.alternative_token_ids[i:i + 1]) for i in range(len(tokens))]
+                alternatives = [list(block.alternative_token_ids[i : i + 1]) for i in range(len(tokens))]
                 guessed = guesses(tokens, alternatives, 1)
                 free = iter(lane for lane in lanes if lane is not block_lane)
-                calls = [(block_lane if g.next_token is None else next(free), g.sequence(committed, tokens),
-                          LANES_GAMMA + 1 if g.next_token is None else LANES_GAMMA) for g in guessed]
-                verdict_future = verifier.Verify.future(verifier_pb2.VerifyRequest(
-                    session_id=session_id, base_len=len(committed), draft_token_ids=tokens,
-                    draft_probs=block.draft_probs), timeout=30)
+                calls = [
+                    (
+                        block_lane if g.next_token is None else next(free),
+                        g.sequence(committed, tokens),
+                        LANES_GAMMA + 1 if g.next_token is None else LANES_GAMMA,
+                    )
+                    for g in guessed
+                ]
+                verdict_future = verifier.Verify.future(
+                    verifier_pb2.VerifyRequest(
+                        session_id=session_id,
+                        base_len=len(committed),
+                        draft_token_ids=tokens,
+                        draft_probs=block.draft_probs,
+                    ),
+                    timeout=30,
+                )
                 predrafts = propose(calls)  # while the verifier works
                 verdict = verdict_future.result()
                 committed += [*verdict.accepted_token_ids, verdict.next_token_id]
-                selected = [(call, reply) for g, call, reply in zip(guessed, calls, predrafts)
-                            if g.verdict(reply.draft_token_ids) == (len(verdict.accepted_token_ids),
-                                                                   verdict.next_token_id)]
+                selected = [
+                    (call, reply)
+                    for g, call, reply in zip(guessed, calls, predrafts)
+                    if g.verdict(reply.draft_token_ids) == (len(verdict.accepted_token_ids), verdict.next_token_id)
+                ]
                 fresh_id = f"{session_id}-fresh-{len(committed)}"
-                drafter.OpenSession(drafter_pb2.OpenDraftSessionRequest(
-                    session_id=fresh_id, prompt_token_ids=committed, sampling=sampling), timeout=30)
-                fresh = drafter.Propose(drafter_pb2.ProposeRequest(
-                    session_id=fresh_id, base_len=len(committed), num_speculative_tokens=LANES_GAMMA,
-                    num_alternatives=1),
-                    timeout=30)
+                drafter.OpenSession(
+                    drafter_pb2.OpenDraftSessionRequest(
+                        session_id=fresh_id, prompt_token_ids=committed, sampling=sampling
+                    ),
+                    timeout=30,
+                )
+                fresh = drafter.Propose(
+                    drafter_pb2.ProposeRequest(
+                        session_id=fresh_id,
+                        base_len=len(committed),
+                        num_speculative_tokens=LANES_GAMMA,
+                        num_alternatives=1,
+                    ),
+                    timeout=30,
+                )
                 drafter.CloseSession(common_pb2.CloseSessionRequest(session_id=fresh_id), timeout=30)
                 if selected:
                     outcomes["hit"] += 1
                     (block_lane, _, _), reply = selected[0]
                     skip = 1 if block_lane is calls[0][0] else 0  # "all accepted" drafted the bonus token first
-                    assert list(reply.draft_token_ids[skip:skip + LANES_GAMMA]) == list(fresh.draft_token_ids)
-                    assert (list(reply.alternative_token_ids[skip:skip + LANES_GAMMA])
-                            == list(fresh.alternative_token_ids))
+                    assert list(reply.draft_token_ids[skip : skip + LANES_GAMMA]) == list(fresh.draft_token_ids)
+                    assert list(reply.alternative_token_ids[skip : skip + LANES_GAMMA]) == list(
+                        fresh.alternative_token_ids
+                    )
                     block = fresh
                 else:
                     outcomes["miss"] += 1

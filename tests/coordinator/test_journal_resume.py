@@ -17,8 +17,19 @@ from specdec.client import Client
 
 MAX_NEW = 100
 # Fixed γ: a resumed sampled request must reproduce the uninterrupted one draw for draw.
-JOURNAL_ARGS = ["--no-adaptive-gamma", "--lease-s", "2", "--lease-wait-s", "6", "--registry-ttl-s", "3", "--registry-refresh-s", "0.5",
-                "--max-new-tokens-limit", "240"]
+JOURNAL_ARGS = [
+    "--no-adaptive-gamma",
+    "--lease-s",
+    "2",
+    "--lease-wait-s",
+    "6",
+    "--registry-ttl-s",
+    "3",
+    "--registry-refresh-s",
+    "0.5",
+    "--max-new-tokens-limit",
+    "240",
+]
 SAMPLED = dict(max_new_tokens=MAX_NEW, temperature=1.0, top_k=20, num_speculative_tokens=3, include_stats=True)
 GREEDY = dict(max_new_tokens=MAX_NEW, num_speculative_tokens=0)  # plain decoding: one token per round
 
@@ -66,7 +77,7 @@ def test_a_killed_stream_resumes_to_the_uninterrupted_completion(after_crash):
     assert (tokens, text) == tokens_and_text(reference) and len(tokens) == MAX_NEW  # nothing lost or repeated
     seen_tokens, _ = tokens_and_text(seen_before_kill)
     journaled = list(retried[0].token_ids)
-    assert tokens[:len(seen_tokens)] == seen_tokens and 0 < len(seen_tokens) <= len(journaled) < MAX_NEW
+    assert tokens[: len(seen_tokens)] == seen_tokens and 0 < len(seen_tokens) <= len(journaled) < MAX_NEW
     assert all(r.request_id == "crash-stream" for r in retried)
     assert retried[-1].stats.prompt_tokens == 3
     assert "crash-stream: resuming after" in second.log_path.read_text()

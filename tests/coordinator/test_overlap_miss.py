@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 import torch
+from tiny_models import make_pair
 
 from specdec.client import Client
 from specdec.local_stack import LocalStack
@@ -22,7 +23,6 @@ from specdec.reference_loop import speculative_generate, target_only_generate
 from specdec.sampling import SamplingParams
 from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from specdec.wire import sampling_to_proto
-from tiny_models import make_pair
 
 VOCAB = 64
 GAMMA = 3
@@ -62,10 +62,17 @@ def test_missed_predrafts_leave_output_exact(stack, models):
             attempts += greedy.stats.predraft_attempts
             hits += greedy.stats.predraft_hits
             params = SamplingParams(temperature=1.0, seed=i)
-            sampled = client.generate(prompt, max_new_tokens=MAX_NEW, temperature=1.0, seed=i,
-                                      num_speculative_tokens=GAMMA, include_stats=True)
-            assert list(sampled.token_ids) == speculative_generate(target, draft, prompt, GAMMA, params,
-                                                                   MAX_NEW).token_ids
+            sampled = client.generate(
+                prompt,
+                max_new_tokens=MAX_NEW,
+                temperature=1.0,
+                seed=i,
+                num_speculative_tokens=GAMMA,
+                include_stats=True,
+            )
+            assert (
+                list(sampled.token_ids) == speculative_generate(target, draft, prompt, GAMMA, params, MAX_NEW).token_ids
+            )
             attempts += sampled.stats.predraft_attempts
             hits += sampled.stats.predraft_hits
         assert attempts > hits, "the disagreeing draft should make pre-drafts miss"
@@ -81,23 +88,39 @@ class Sessions:
     def __init__(self, drafter, verifier, session_id: str, prompt: list[int], params: SamplingParams):
         self.drafter, self.verifier, self.session_id = drafter, verifier, session_id
         sampling = sampling_to_proto(params)
-        drafter.OpenSession(drafter_pb2.OpenDraftSessionRequest(session_id=session_id, prompt_token_ids=prompt,
-                                                                sampling=sampling), timeout=30)
-        verifier.OpenSession(verifier_pb2.OpenVerifySessionRequest(session_id=session_id, prompt_token_ids=prompt,
-                                                                   sampling=sampling), timeout=30)
+        drafter.OpenSession(
+            drafter_pb2.OpenDraftSessionRequest(session_id=session_id, prompt_token_ids=prompt, sampling=sampling),
+            timeout=30,
+        )
+        verifier.OpenSession(
+            verifier_pb2.OpenVerifySessionRequest(session_id=session_id, prompt_token_ids=prompt, sampling=sampling),
+            timeout=30,
+        )
 
     def propose_future(self, base_len: int, appended: list[int], num_tokens: int):
-        return self.drafter.Propose.future(drafter_pb2.ProposeRequest(
-            session_id=self.session_id, base_len=base_len, appended_token_ids=appended,
-            num_speculative_tokens=num_tokens), timeout=30)
+        return self.drafter.Propose.future(
+            drafter_pb2.ProposeRequest(
+                session_id=self.session_id,
+                base_len=base_len,
+                appended_token_ids=appended,
+                num_speculative_tokens=num_tokens,
+            ),
+            timeout=30,
+        )
 
     def propose(self, base_len: int, appended: list[int], num_tokens: int) -> drafter_pb2.ProposeResponse:
         return self.propose_future(base_len, appended, num_tokens).result()
 
     def verify_future(self, base_len: int, block: drafter_pb2.ProposeResponse):
-        return self.verifier.Verify.future(verifier_pb2.VerifyRequest(
-            session_id=self.session_id, base_len=base_len, draft_token_ids=block.draft_token_ids,
-            draft_probs=block.draft_probs), timeout=30)
+        return self.verifier.Verify.future(
+            verifier_pb2.VerifyRequest(
+                session_id=self.session_id,
+                base_len=base_len,
+                draft_token_ids=block.draft_token_ids,
+                draft_probs=block.draft_probs,
+            ),
+            timeout=30,
+        )
 
     def close(self) -> None:
         request = common_pb2.CloseSessionRequest(session_id=self.session_id)
@@ -115,8 +138,10 @@ def test_a_missed_predraft_rolls_both_caches_back(stack):
     session then sits γ+1 tokens past the truth and the verify session holds rejected positions; the next
     calls' base_len must bring both back, which a fresh pair of sessions on the committed tokens shows."""
     params = SamplingParams(temperature=1.0, seed=7)  # sampled, so the draft returns q rows to compare
-    with grpc.insecure_channel(stack.services["draft"].address) as draft_channel, \
-            grpc.insecure_channel(stack.services["verify"].address) as verify_channel:
+    with (
+        grpc.insecure_channel(stack.services["draft"].address) as draft_channel,
+        grpc.insecure_channel(stack.services["verify"].address) as verify_channel,
+    ):
         drafter = drafter_pb2_grpc.DrafterStub(draft_channel)
         verifier = verifier_pb2_grpc.VerifierStub(verify_channel)
         missed = 0
@@ -147,7 +172,8 @@ def test_a_missed_predraft_rolls_both_caches_back(stack):
                 torch.testing.assert_close(q_rows(old_block), q_rows(fresh_block), rtol=1e-4, atol=1e-6)
                 with ThreadPoolExecutor(2) as pool:  # the verify side, old and fresh, on the same block
                     old_verdict, fresh_verdict = pool.map(
-                        lambda s: s.verify_future(len(committed), old_block).result(), (sessions, fresh))
+                        lambda s: s.verify_future(len(committed), old_block).result(), (sessions, fresh)
+                    )
                 assert list(old_verdict.accepted_token_ids) == list(fresh_verdict.accepted_token_ids)
                 assert old_verdict.next_token_id == fresh_verdict.next_token_id
                 assert old_verdict.session_len == fresh_verdict.session_len

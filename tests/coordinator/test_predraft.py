@@ -65,8 +65,14 @@ def test_verdicts_rank_the_guesses_they_matched_first_and_keep_the_fixed_order_b
     history.observe(3, ALTERNATIVES, 2, 23)
     history.observe(3, ALTERNATIVES, 3, 99)  # all accepted (the bonus token does not matter)
     history.observe(3, ALTERNATIVES, 0, 77)  # a token the draft did not rank: counts nowhere
-    assert history.rank(candidates) == [Guess(1, 32), Guess(3, None), Guess(2, 23), Guess(0, 21), Guess(1, 22),
-                                        Guess(0, 31)]
+    assert history.rank(candidates) == [
+        Guess(1, 32),
+        Guess(3, None),
+        Guess(2, 23),
+        Guess(0, 21),
+        Guess(1, 22),
+        Guess(0, 31),
+    ]
     # Ranks, not tokens, are what repeat: a new block's guesses at the same position and rank come first.
     assert history.rank(guesses([5, 6, 7], [[8, 9], [10, 11], [12]], 2))[0] == Guess(1, 11)
 

@@ -19,8 +19,12 @@ def test_placement_counts_other_coordinators_and_survivors_reap_the_dead(redis_s
         client = connect(redis_server.url, 1.0)
         keys = RedisKeys("registry-test:")
         pools = {name: ReplicaPool("verify", ADDRESSES, verifier_pb2_grpc.VerifierStub) for name in "ab"}
-        registries = {name: SessionRegistry(client, keys, f"coordinator-{name}", [pools[name]], ttl_s=1.0,
-                                            refresh_s=0.1, call_timeout_s=0.5) for name in "ab"}
+        registries = {
+            name: SessionRegistry(
+                client, keys, f"coordinator-{name}", [pools[name]], ttl_s=1.0, refresh_s=0.1, call_timeout_s=0.5
+            )
+            for name in "ab"
+        }
         pools["a"].replicas[0].active_sessions = 2  # coordinator a holds two sessions on the first replica
         await registries["a"].add("session-of-a")
         await registries["a"].refresh()

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.speculation_gate import (EPOCH_S, MIN_EPOCHS, RECHECK_CLOSE, RECHECK_WIDE, SETTLE_S,
-                                          SPECULATION_MARGIN, SpeculationGate)
+from coordinator.speculation_gate import (
+    EPOCH_S,
+    MIN_EPOCHS,
+    RECHECK_CLOSE,
+    RECHECK_WIDE,
+    SETTLE_S,
+    SPECULATION_MARGIN,
+    SpeculationGate,
+)
 from coordinator.speculation_policy import PassLoad, log2_level, speculation_gain
 from specdec.step_cost import StepCost
 
@@ -43,8 +50,8 @@ def test_both_ways_are_measured_then_the_faster_is_kept_and_the_slower_rechecked
     gate, clock = gate_at(16)
     rates = {True: 150.0, False: 160.0}  # plain faster, by less than the close gap
     ways = [run_epoch(gate, clock, rates) for _ in range(2 * MIN_EPOCHS + 2 * RECHECK_CLOSE)]
-    assert ways[:2 * MIN_EPOCHS] == [True, False, True, False]
-    kept = ways[2 * MIN_EPOCHS:]
+    assert ways[: 2 * MIN_EPOCHS] == [True, False, True, False]
+    kept = ways[2 * MIN_EPOCHS :]
     assert kept.count(False) > kept.count(True) >= 1  # plain most of the time, speculation re-measured
     assert gate.throughput(4, False).tokens_per_s == pytest.approx(160.0, rel=0.05)
     assert gate.throughput(4, True).tokens_per_s == pytest.approx(150.0, rel=0.05)
@@ -55,14 +62,14 @@ def test_speculation_is_kept_only_when_it_leads_by_the_margin(lead, kept_way):
     gate, clock = gate_at(16)
     rates = {True: 160.0 * (1 + lead), False: 160.0}
     ways = [run_epoch(gate, clock, rates) for _ in range(2 * MIN_EPOCHS + 2 * RECHECK_CLOSE)]
-    kept = ways[2 * MIN_EPOCHS:]
+    kept = ways[2 * MIN_EPOCHS :]
     assert kept.count(kept_way) > kept.count(not kept_way) >= 1
 
 
 def test_a_wide_gap_is_rechecked_less_often():
     gate, clock = gate_at(16)
     ways = [run_epoch(gate, clock, {True: 300.0, False: 100.0}) for _ in range(2 * MIN_EPOCHS + RECHECK_WIDE)]
-    assert ways[2 * MIN_EPOCHS:].count(False) == 1
+    assert ways[2 * MIN_EPOCHS :].count(False) == 1
 
 
 def test_the_settling_start_of_an_epoch_is_not_measured():

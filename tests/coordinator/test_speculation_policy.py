@@ -5,8 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coordinator.speculation_policy import (MIN_TIMED_ROUNDS, RECHECK_AFTER, AcceptanceRate, PassLoad, RoundTimes,
-                                           choose_gamma, expected_tokens, fresh_draft_pays, round_ns)
+from coordinator.speculation_policy import (
+    MIN_TIMED_ROUNDS,
+    RECHECK_AFTER,
+    AcceptanceRate,
+    PassLoad,
+    RoundTimes,
+    choose_gamma,
+    expected_tokens,
+    fresh_draft_pays,
+    round_ns,
+)
 from specdec.step_cost import StepCost
 
 MS = 1e6
@@ -94,8 +103,10 @@ def test_under_load_a_request_whose_verdicts_are_seldom_guessed_turns_to_plain_d
 def test_the_running_fit_equals_a_least_squares_fit_of_the_window():
     cost = StepCost(30 * MS, 1 * MS, window=8)
     generator = np.random.default_rng(0)
-    passes = [(int(tokens), 20 * MS + 2 * MS * tokens + generator.normal(0, MS)) for tokens in
-              generator.integers(1, 50, size=40)]
+    passes = [
+        (int(tokens), 20 * MS + 2 * MS * tokens + generator.normal(0, MS))
+        for tokens in generator.integers(1, 50, size=40)
+    ]
     for tokens, ns in passes:
         cost.observe(tokens, ns)
     points = [(1, 31 * MS), (64, 94 * MS), *passes[-8:]]  # the calibration anchors stay, the window slides
@@ -112,7 +123,7 @@ def test_measured_round_slowdowns_move_gamma_at_their_own_load():
     times = RoundTimes()
     speculating = choose_gamma(0.6, 8, busy, busy_draft, round_times=times)
     assert speculating > 0
-    for count in range(MIN_TIMED_ROUNDS):
+    for _ in range(MIN_TIMED_ROUNDS):
         assert choose_gamma(0.6, 8, busy, busy_draft, round_times=times) == speculating  # too few rounds yet
         times.observe(True, 16, 2 * round_ns(3, busy, busy_draft), round_ns(3, busy, busy_draft))
         times.observe(False, 16, round_ns(0, busy, busy_draft), round_ns(0, busy, busy_draft))
@@ -140,7 +151,7 @@ def test_a_kind_left_untimed_at_a_load_gets_a_round_there_to_be_timed_again():
         times.observe(gamma > 0, 16, predicted, predicted)
     assert chosen[:RECHECK_AFTER] == [0] * RECHECK_AFTER
     assert chosen[RECHECK_AFTER] > 0, "the speculative round due for a re-timing"
-    assert all(gamma > 0 for gamma in chosen[8 * (RECHECK_AFTER + 1):]), "speculation is back once re-timed"
+    assert all(gamma > 0 for gamma in chosen[8 * (RECHECK_AFTER + 1) :]), "speculation is back once re-timed"
     assert times.slowdown(True, 16) < 1.1
     plain_ns = round_ns(0, busy, busy_draft)
     for _ in range(MIN_TIMED_ROUNDS):

@@ -22,11 +22,16 @@ def coordinators(secure_replicas, pki):
     server = ["--tls-cert", str(pki.server.cert), "--tls-key", str(pki.server.key)]
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         tls = pool.submit(secure_replicas.start_coordinator, "coordinator-tls", *server)
-        mtls = pool.submit(secure_replicas.start_coordinator, "coordinator-mtls", *server,
-                           "--tls-client-ca", str(pki.ca.cert))
-        refused = pool.submit(start_service, "coordinator-without-client-cert", "coordinator",
-                              [*secure_replicas.coordinator_args(client_certificate=False), "--startup-timeout-s", "3"],
-                              secure_replicas.log_dir)
+        mtls = pool.submit(
+            secure_replicas.start_coordinator, "coordinator-mtls", *server, "--tls-client-ca", str(pki.ca.cert)
+        )
+        refused = pool.submit(
+            start_service,
+            "coordinator-without-client-cert",
+            "coordinator",
+            [*secure_replicas.coordinator_args(client_certificate=False), "--startup-timeout-s", "3"],
+            secure_replicas.log_dir,
+        )
         started = {"tls": tls.result(), "mtls": mtls.result(), "refused": refused.exception()}
     yield started
     started["tls"].stop()
@@ -68,14 +73,18 @@ def test_mtls_port_refuses_clients_without_the_right_certificate(coordinators, p
     assert refused(address, None) == grpc.StatusCode.UNAVAILABLE
 
 
-@pytest.mark.parametrize("service, stub_type", [("draft", drafter_pb2_grpc.DrafterStub),
-                                                ("verify", verifier_pb2_grpc.VerifierStub)])
+@pytest.mark.parametrize(
+    "service, stub_type", [("draft", drafter_pb2_grpc.DrafterStub), ("verify", verifier_pb2_grpc.VerifierStub)]
+)
 def test_replicas_speak_mutual_tls_only(secure_replicas, pki, service, stub_type):
     address = getattr(secure_replicas, service).address
     with grpc.secure_channel(address, credentials(pki, client=pki.client)) as channel:
         assert stub_type(channel).Info(common_pb2.InfoRequest(), timeout=15).vocab_size == 64
-    for channel in (grpc.insecure_channel(address), grpc.secure_channel(address, credentials(pki)),
-                    grpc.secure_channel(address, credentials(pki, client=pki.rogue_client))):
+    for channel in (
+        grpc.insecure_channel(address),
+        grpc.secure_channel(address, credentials(pki)),
+        grpc.secure_channel(address, credentials(pki, client=pki.rogue_client)),
+    ):
         with channel, pytest.raises(grpc.RpcError) as raised:
             stub_type(channel).Info(common_pb2.InfoRequest(), timeout=15)
         assert raised.value.code() == grpc.StatusCode.UNAVAILABLE

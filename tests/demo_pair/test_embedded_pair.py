@@ -16,9 +16,11 @@ from specdec.sampling import SamplingParams
 
 MAX_NEW = 32
 
-pytestmark = pytest.mark.skipif(not (DEMO_TARGET_DIR / "config.json").exists(),
-                                reason=f"the demo pair is not in this checkout ({DEMO_TARGET_DIR} is absent); "
-                                       "train it with `python -m demo_pair.train all`")
+pytestmark = pytest.mark.skipif(
+    not (DEMO_TARGET_DIR / "config.json").exists(),
+    reason=f"the demo pair is not in this checkout ({DEMO_TARGET_DIR} is absent); "
+    "train it with `python -m demo_pair.train all`",
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +55,11 @@ def test_concurrent_greedy_requests_through_the_batching_stack_equal_target_only
     prompts = [target.tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in code_prompts(8, seed=11)]
     assert len({len(ids) for ids in prompts}) > 1
     expected = [target_only_generate(target, ids, SamplingParams(), MAX_NEW).token_ids for ids in prompts]
-    with LocalStack(str(DEMO_TARGET_DIR), str(DEMO_DRAFT_DIR)) as stack, \
-            Client(stack.address, timeout_s=120) as client, ThreadPoolExecutor(len(prompts)) as pool:
-        replies = list(pool.map(lambda ids: client.generate(ids, max_new_tokens=MAX_NEW, include_stats=True),
-                                prompts))
+    with (
+        LocalStack(str(DEMO_TARGET_DIR), str(DEMO_DRAFT_DIR)) as stack,
+        Client(stack.address, timeout_s=120) as client,
+        ThreadPoolExecutor(len(prompts)) as pool,
+    ):
+        replies = list(pool.map(lambda ids: client.generate(ids, max_new_tokens=MAX_NEW, include_stats=True), prompts))
     assert [list(reply.token_ids) for reply in replies] == expected
     assert sum(reply.stats.accepted_tokens for reply in replies) > 0  # the policy speculated

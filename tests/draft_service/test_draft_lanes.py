@@ -28,8 +28,9 @@ def test_each_lane_drafts_what_a_session_of_its_own_would(drafter, params):
     equals a fresh one-lane session's on that sequence, and each lane can be rolled back on its own later."""
     drafter.open("s", PROMPT, params, "model", num_lanes=3)
     sequences = [PROMPT + [1], PROMPT + [2, 3], PROMPT]
-    proposals = [LaneProposal(lane, len(PROMPT), seq[len(PROMPT):], 4, num_alternatives=2)
-                 for lane, seq in enumerate(sequences)]
+    proposals = [
+        LaneProposal(lane, len(PROMPT), seq[len(PROMPT) :], 4, num_alternatives=2) for lane, seq in enumerate(sequences)
+    ]
     [results] = drafter.propose_many([("s", proposals)])
     assert [r.batch_rows for r in results] == [3, 3, 3]  # drafted by the same passes
     for index, (sequence, result) in enumerate(zip(sequences, results)):
@@ -71,12 +72,15 @@ def test_lanes_are_counted_and_closed_with_their_session(drafter):
     assert drafter.close("s") and len(drafter.sessions) == 0 and drafter.sessions.kv_cache_tokens() == 0
 
 
-@pytest.mark.parametrize("proposals, field", [
-    ([LaneProposal(2, len(PROMPT), [], 2)], "lane"),
-    ([LaneProposal(0, len(PROMPT), [], 2), LaneProposal(0, len(PROMPT), [], 1)], "lanes"),
-    ([LaneProposal(0, len(PROMPT), [], 2, num_alternatives=99)], "num_alternatives"),
-    ([LaneProposal(0, len(PROMPT), [], 99)], "num_speculative_tokens"),
-])
+@pytest.mark.parametrize(
+    "proposals, field",
+    [
+        ([LaneProposal(2, len(PROMPT), [], 2)], "lane"),
+        ([LaneProposal(0, len(PROMPT), [], 2), LaneProposal(0, len(PROMPT), [], 1)], "lanes"),
+        ([LaneProposal(0, len(PROMPT), [], 2, num_alternatives=99)], "num_alternatives"),
+        ([LaneProposal(0, len(PROMPT), [], 99)], "num_speculative_tokens"),
+    ],
+)
 def test_bad_lane_proposals_name_the_field_and_fail_only_their_call(drafter, proposals, field):
     drafter.open("bad", PROMPT, GREEDY, "model", num_lanes=2)
     drafter.open("good", PROMPT, GREEDY, "model")
@@ -130,13 +134,15 @@ def test_a_call_that_joins_a_running_step_drafts_what_it_would_alone_and_is_answ
     drafter.open("t", PROMPT[:3], params, "model")
     step = JoinsBeforeSecondPass(
         [("s", [LaneProposal(0, len(PROMPT), [], 5, 2), LaneProposal(1, len(PROMPT), [7], 2, 2)])],
-        [("t", [LaneProposal(0, 3, [9], 3, 2)])])
+        [("t", [LaneProposal(0, 3, [9], 3, 2)])],
+    )
     drafter.propose_joining(step)
     assert step.answered_after == {1: 4, 0: 5}
     (s0, s1), [t0] = step.results
     assert (s0.batch_rows, s1.batch_rows, t0.batch_rows) == (2, 2, 2)  # 10 lanes over 5 passes; 7 over 3
-    for index, (sequence, tokens, result) in enumerate([(PROMPT, 5, s0), (PROMPT + [7], 2, s1),
-                                                        (PROMPT[:3] + [9], 3, t0)]):
+    for index, (sequence, tokens, result) in enumerate(
+        [(PROMPT, 5, s0), (PROMPT + [7], 2, s1), (PROMPT[:3] + [9], 3, t0)]
+    ):
         drafter.open(f"fresh-{index}", sequence, params, "model")
         fresh = drafter.propose(f"fresh-{index}", len(sequence), [], tokens, num_alternatives=2)
         assert result.proposal.token_ids == fresh.proposal.token_ids

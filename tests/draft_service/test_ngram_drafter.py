@@ -77,8 +77,8 @@ def test_truncate_then_propose_matches_fresh_session() -> None:
         session.append([rng.randrange(4) for _ in range(3)])
         cut = rng.randrange(len(tokens) + 1)
         session.truncate(cut)
-        session.append(tokens[cut:cut + 2])
-        fresh = NgramDraftSession(tokens[:cut] + tokens[cut:cut + 2], settings)
+        session.append(tokens[cut : cut + 2])
+        fresh = NgramDraftSession(tokens[:cut] + tokens[cut : cut + 2], settings)
         assert session.token_ids == fresh.token_ids
         assert session.propose(4) == fresh.propose(4)
         assert session.token_ids == fresh.token_ids

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 from scipy.stats import chisquare
+from tiny_models import noisy_copy, save, tiny_llama, word_tokenizer
 
 from specdec.client import Client
 from specdec.local_stack import LocalStack
@@ -20,7 +21,6 @@ from specdec.model_runtime import LoadedModel, ModelSettings
 from specdec.reference_loop import target_only_generate
 from specdec.sampling import SamplingParams, logits_to_probs
 from specdec.v1 import common_pb2
-from tiny_models import noisy_copy, save, tiny_llama, word_tokenizer
 
 VOCAB = 8
 NGRAM = common_pb2.DRAFT_METHOD_NGRAM
@@ -45,8 +45,10 @@ def target(pair_dirs):
 def client(pair_dirs):
     target_dir, draft_dir = pair_dirs
     # Fixed γ: the distribution test needs every request to draft exactly one token.
-    with (LocalStack(str(target_dir), str(draft_dir), coordinator_args=["--no-adaptive-gamma"]) as stack,
-          Client(stack.address, timeout_s=120) as running):
+    with (
+        LocalStack(str(target_dir), str(draft_dir), coordinator_args=["--no-adaptive-gamma"]) as stack,
+        Client(stack.address, timeout_s=120) as running,
+    ):
         yield running
 
 
@@ -57,8 +59,9 @@ def test_greedy_ngram_output_is_token_identical_to_target_only(client, target):
         motif = [rng.randrange(1, VOCAB) for _ in range(rng.randint(2, 4))]
         prompt = (motif * 3)[: rng.randint(5, 10)]
         for gamma in (2, 5):
-            reply = client.generate(prompt, max_new_tokens=30, num_speculative_tokens=gamma, draft_method=NGRAM,
-                                    include_stats=True)
+            reply = client.generate(
+                prompt, max_new_tokens=30, num_speculative_tokens=gamma, draft_method=NGRAM, include_stats=True
+            )
             assert list(reply.token_ids) == target_only_generate(target, prompt, SamplingParams(), 30).token_ids
             drafted += reply.stats.drafted_tokens
             accepted += reply.stats.accepted_tokens
@@ -80,8 +83,15 @@ def test_sampled_ngram_output_follows_the_target_distribution(client, target):
     second = sum(first[t] * next_token_probs(target, SAMPLED_PROMPT + [t]).double() for t in range(1, VOCAB))  # [V]
 
     def one(seed: int):
-        reply = client.generate(SAMPLED_PROMPT, max_new_tokens=2, temperature=1.0, seed=seed,
-                                num_speculative_tokens=3, draft_method=NGRAM, include_stats=True)
+        reply = client.generate(
+            SAMPLED_PROMPT,
+            max_new_tokens=2,
+            temperature=1.0,
+            seed=seed,
+            num_speculative_tokens=3,
+            draft_method=NGRAM,
+            include_stats=True,
+        )
         return list(reply.token_ids), reply.stats.drafted_tokens, reply.stats.accepted_tokens
 
     with ThreadPoolExecutor(8) as pool:

@@ -36,8 +36,9 @@ def render(overlay: str) -> tuple[dict, ...]:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not installed: cannot run `kubectl kustomize` to render the overlays")
-    done = subprocess.run([kubectl, "kustomize", str(K8S_DIR / "overlays" / overlay)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [kubectl, "kustomize", str(K8S_DIR / "overlays" / overlay)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, f"kubectl kustomize {overlay} failed:\n{done.stderr}"
     return tuple(obj for obj in yaml.safe_load_all(done.stdout) if obj)
 
@@ -53,8 +54,10 @@ def pod_templates(obj: dict) -> list[tuple[str, dict]]:
     if obj["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
         return [(where, obj["spec"]["template"])]
     if obj["kind"] == "RayCluster":
-        return [(f"{where} head", obj["spec"]["headGroupSpec"]["template"]),
-                *((f"{where} {group['groupName']}", group["template"]) for group in obj["spec"]["workerGroupSpecs"])]
+        return [
+            (f"{where} head", obj["spec"]["headGroupSpec"]["template"]),
+            *((f"{where} {group['groupName']}", group["template"]) for group in obj["spec"]["workerGroupSpecs"]),
+        ]
     return []
 
 
@@ -84,12 +87,14 @@ def service_of(container: dict) -> tuple[str, list[str]] | None:
         return None
     if container["name"] in KUBERAY_CONTAINERS and argv[:1] in ([], ["$KUBERAY_GEN_RAY_START_CMD"]):
         return None  # a Ray node only
-    assert argv[:2] in (["python", "-m"], ["python3", "-m"]) and len(argv) > 2, \
+    assert argv[:2] in (["python", "-m"], ["python3", "-m"]) and len(argv) > 2, (
         f"container {container['name']}: command must be `python -m <service>`, got {argv}"
+    )
     module, rest = argv[2], argv[3:]
     if module == "specdec":
-        assert rest[:1] == ["serve"] and len(rest) > 1 and rest[1] in SERVICE_MODULES, \
+        assert rest[:1] == ["serve"] and len(rest) > 1 and rest[1] in SERVICE_MODULES, (
             f"container {container['name']}: `python -m specdec` needs `serve {'|'.join(SERVICE_MODULES)}`, got {rest}"
+        )
         module, rest = SERVICE_MODULES[rest[1]], rest[2:]
     assert importlib.util.find_spec(module) is not None, f"container {container['name']}: no module {module}"
     package = module.split(".")[0]
@@ -151,8 +156,14 @@ def test_every_object_passes_strict_validation(overlay, version):
     failures = []
     for obj in render(overlay):
         # A custom resource has no schema here: validate the pods it makes as Pods instead.
-        checked = ([{"apiVersion": "v1", "kind": "Pod", "metadata": t.get("metadata", {}), "spec": t["spec"]}
-                    for _, t in pod_templates(obj)] if obj["kind"] == "RayCluster" else [obj])
+        checked = (
+            [
+                {"apiVersion": "v1", "kind": "Pod", "metadata": t.get("metadata", {}), "spec": t["spec"]}
+                for _, t in pod_templates(obj)
+            ]
+            if obj["kind"] == "RayCluster"
+            else [obj]
+        )
         for resource in checked:
             try:
                 kubernetes_validate.validate(resource, version, strict=True)
@@ -185,15 +196,21 @@ def test_containers_run_real_entry_points_with_real_settings(overlay):
             seen.add(package)
             parser = settings_parser(cls, "")
             spelled = [arg.split("=")[0] for arg in flags if arg.startswith("--")]
-            failures += [f"{label}: {flag} is not a flag of {package} (abbreviations do not count)"
-                         for flag in spelled if flag not in parser._option_string_actions]
+            failures += [
+                f"{label}: {flag} is not a flag of {package} (abbreviations do not count)"
+                for flag in spelled
+                if flag not in parser._option_string_actions
+            ]
             try:
                 parser.parse_args(flags)
             except SystemExit:
                 failures.append(f"{label}: {package} does not accept the flags {flags}")
             fields = {env_name(field.name) for field in dataclasses.fields(cls)}
-            failures += [f"{label}: {name} is not a setting of {cls.__name__} ({', '.join(sorted(fields))})"
-                         for name in specdec_vars if name not in fields]
+            failures += [
+                f"{label}: {name} is not a setting of {cls.__name__} ({', '.join(sorted(fields))})"
+                for name in specdec_vars
+                if name not in fields
+            ]
             known = {name: value for name, value in env.items() if value is not None and name in fields}
             try:
                 parse_settings(cls, flags, environ=known)
@@ -207,8 +224,9 @@ def test_coordinator_replica_entries_name_headless_services_of_the_right_pods(ov
     objects = render(overlay)
     serving_ports = {}  # pod labels -> the gRPC port that pod serves, per service package
     for _, template, _, _, settings in services(objects):
-        serving_ports[type(settings).__name__, tuple(sorted(template["metadata"]["labels"].items()))] = \
-            port_of(settings.address)
+        serving_ports[type(settings).__name__, tuple(sorted(template["metadata"]["labels"].items()))] = port_of(
+            settings.address
+        )
     failures = []
     for where, _, _, _, settings in services(objects):
         if not isinstance(settings, CoordinatorSettings):
@@ -224,7 +242,9 @@ def test_coordinator_replica_entries_name_headless_services_of_the_right_pods(ov
                 if int(port) not in [p["port"] for p in service["spec"]["ports"]]:
                     failures.append(f"{where}: Service {host} has no port {port}")
                 selector = service["spec"]["selector"].items()
-                targets = [p for (k, labels), p in serving_ports.items() if k == kind and selector <= dict(labels).items()]
+                targets = [
+                    p for (k, labels), p in serving_ports.items() if k == kind and selector <= dict(labels).items()
+                ]
                 if targets != [int(port)] * len(targets) or not targets:
                     failures.append(f"{where}: {entry} reaches {kind} pods serving on {targets or 'nothing'}")
     assert not failures, "\n".join(failures)
@@ -240,12 +260,17 @@ def test_pods_are_hardened_probed_and_sized(overlay):
             security = container.get("securityContext", {})
             if not (security.get("runAsNonRoot") or spec.get("securityContext", {}).get("runAsNonRoot")):
                 failures.append(f"{label}: not runAsNonRoot")
-            if security.get("readOnlyRootFilesystem") is not True or security.get("allowPrivilegeEscalation") is not False:
+            if (
+                security.get("readOnlyRootFilesystem") is not True
+                or security.get("allowPrivilegeEscalation") is not False
+            ):
                 failures.append(f"{label}: needs readOnlyRootFilesystem and no privilege escalation")
             if "ALL" not in security.get("capabilities", {}).get("drop", []):
                 failures.append(f"{label}: does not drop ALL capabilities")
             resources = container.get("resources", {})
-            if any(kind not in resources.get(level, {}) for level in ("requests", "limits") for kind in ("cpu", "memory")):
+            if any(
+                kind not in resources.get(level, {}) for level in ("requests", "limits") for kind in ("cpu", "memory")
+            ):
                 failures.append(f"{label}: needs cpu and memory requests and limits")
             gpus = resources.get("limits", {}).get("nvidia.com/gpu")
             if gpus != resources.get("requests", {}).get("nvidia.com/gpu"):
@@ -267,15 +292,19 @@ def test_services_have_grpc_probes_and_drain_inside_the_grace_period(overlay):
             if container.get(probe, {}).get("grpc", {}).get("port") != port:
                 failures.append(f"{label}: {probe} must be a gRPC health check on port {port}")
         startup = container.get("startupProbe", {})
-        startup_s = startup.get("initialDelaySeconds", 0) + startup.get("periodSeconds", 10) * startup.get("failureThreshold", 3)
+        startup_s = startup.get("initialDelaySeconds", 0) + startup.get("periodSeconds", 10) * startup.get(
+            "failureThreshold", 3
+        )
         waits_s = settings.startup_timeout_s if isinstance(settings, CoordinatorSettings) else 120
         if startup_s < waits_s:
             failures.append(f"{label}: startupProbe allows {startup_s}s, start-up may take {waits_s:.0f}s")
         pre_stop_s = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
         grace_period = template["spec"].get("terminationGracePeriodSeconds", 30)
         if grace_period <= pre_stop_s + settings.grace_s:
-            failures.append(f"{label}: terminationGracePeriodSeconds {grace_period} <= preStop {pre_stop_s}s "
-                            f"+ SPECDEC_GRACE_S {settings.grace_s:.0f}s")
+            failures.append(
+                f"{label}: terminationGracePeriodSeconds {grace_period} <= preStop {pre_stop_s}s "
+                f"+ SPECDEC_GRACE_S {settings.grace_s:.0f}s"
+            )
     assert not failures, "\n".join(failures)
 
 
@@ -289,13 +318,19 @@ def test_gpu_counts_match_tensor_parallel_size_and_pools_differ(overlay):
             continue
         gpus = int(container["resources"]["limits"].get("nvidia.com/gpu", 0))
         if owner["kind"] == "RayCluster":  # rank 0 is this container; the others are actors on the Ray nodes
-            gpus = sum(replicas * int(c["resources"]["limits"].get("nvidia.com/gpu", 0))
-                       for replicas, t in [(1, owner["spec"]["headGroupSpec"]["template"]),
-                                           *((g["replicas"], g["template"]) for g in owner["spec"]["workerGroupSpecs"])]
-                       for c in t["spec"]["containers"])
+            gpus = sum(
+                replicas * int(c["resources"]["limits"].get("nvidia.com/gpu", 0))
+                for replicas, t in [
+                    (1, owner["spec"]["headGroupSpec"]["template"]),
+                    *((g["replicas"], g["template"]) for g in owner["spec"]["workerGroupSpecs"]),
+                ]
+                for c in t["spec"]["containers"]
+            )
         if gpus and gpus != settings.tensor_parallel_size:
             failures.append(f"{where}: {gpus} GPUs for a tensor-parallel size of {settings.tensor_parallel_size}")
-    on_gpus = any("nvidia.com/gpu" in c["resources"]["limits"] for _, t, _ in all_pods(objects) for c in t["spec"]["containers"])
+    on_gpus = any(
+        "nvidia.com/gpu" in c["resources"]["limits"] for _, t, _ in all_pods(objects) for c in t["spec"]["containers"]
+    )
     if on_gpus and (not pools.get("DraftSettings") or pools.get("DraftSettings") == pools.get("VerifySettings")):
         failures.append(f"the draft and verify GPUs must come from different node pools: {pools}")
     assert not failures, "\n".join(failures)
@@ -304,8 +339,10 @@ def test_gpu_counts_match_tensor_parallel_size_and_pools_differ(overlay):
 def test_only_the_coordinator_is_reachable_from_outside(overlay):
     objects = render(overlay)
     policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
-    assert any(p["spec"]["podSelector"] == {} and "Ingress" in p["spec"]["policyTypes"] and not p["spec"].get("ingress")
-               for p in policies), "no default-deny ingress NetworkPolicy"
+    assert any(
+        p["spec"]["podSelector"] == {} and "Ingress" in p["spec"]["policyTypes"] and not p["spec"].get("ingress")
+        for p in policies
+    ), "no default-deny ingress NetworkPolicy"
     failures = []
     for policy in policies:
         selected = policy["spec"]["podSelector"].get("matchLabels", {})
@@ -313,6 +350,8 @@ def test_only_the_coordinator_is_reachable_from_outside(overlay):
             sources = rule.get("from", [])
             opens_to_all = not sources or any(set(s) - {"podSelector"} for s in sources)
             if opens_to_all and selected.get("app.kubernetes.io/component") != "coordinator":
-                failures.append(f"NetworkPolicy/{policy['metadata']['name']} admits traffic from outside the "
-                                f"namespace to {selected or 'every pod'}")
+                failures.append(
+                    f"NetworkPolicy/{policy['metadata']['name']} admits traffic from outside the "
+                    f"namespace to {selected or 'every pod'}"
+                )
     assert not failures, "\n".join(failures)

@@ -27,8 +27,10 @@ ALTERNATIVES = [3, 2, 2, 1, 2, 0]
 
 def jobs(tiny_pair) -> list[DraftJob]:
     _, draft = tiny_pair
-    return [DraftJob(KVSession(draft, [1, 2, 3]), 4, params, alternatives)
-            for params, alternatives in zip(PARAMS, ALTERNATIVES)]
+    return [
+        DraftJob(KVSession(draft, [1, 2, 3]), 4, params, alternatives)
+        for params, alternatives in zip(PARAMS, ALTERNATIVES)
+    ]
 
 
 def test_greedy_rows_together_pick_what_one_by_one_picks(tiny_pair):

@@ -7,10 +7,10 @@ import random
 
 import pytest
 import torch
+from tiny_models import make_pair
 
 from specdec.kv_session import ContextOverflowError, KVSession
 from specdec.model_runtime import LoadedModel, ModelSettings, TokenizerMismatchError, check_same_vocabulary
-from tiny_models import make_pair
 
 
 def fresh_next_logits(model: LoadedModel, tokens: list[int]) -> torch.Tensor:
@@ -27,8 +27,9 @@ def test_truncate_matches_fresh_prefill(tiny_pair):
         # Re-feed the last kept token so the next-token logits come out of the rolled-back cache.
         session.truncate(n - 1)
         rolled_back = session.extend([session_tokens := [3, 4, 5, 6, 7, 8, 9, 10, 11, 12][n - 1]])[-1]
-        torch.testing.assert_close(rolled_back, fresh_next_logits(target, [3, 4, 5, 6, 7, 8, 9, 10, 11, 12][:n]),
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            rolled_back, fresh_next_logits(target, [3, 4, 5, 6, 7, 8, 9, 10, 11, 12][:n]), atol=1e-5, rtol=0
+        )
         assert session_tokens == session.tokens[-1]
 
 

@@ -9,11 +9,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, MistralConfig
 
-from specdec.kv_session import KVSession, run_forwards
 from specdec.kv_pool import KVPool
+from specdec.kv_session import KVSession, run_forwards
 from specdec.model_runtime import LoadedModel, ModelSettings
-from specdec.packed_forward import (GRID_CALL_POSITIONS, GRID_MAX_TOKENS, PackedRow, PackedStep,
-                                    supports_packed_forward)
+from specdec.packed_forward import GRID_CALL_POSITIONS, GRID_MAX_TOKENS, PackedRow, PackedStep, supports_packed_forward
 
 
 @torch.inference_mode()
@@ -39,7 +38,7 @@ def test_rows_of_different_lengths_match_one_sequence_at_a_time(packed_target):
     blocks = [[rng.randrange(1, 64) for _ in range(size)] for size in (0, 1, 4, 2, 6)]
     results = run_forwards([s.plan_extend(block) for s, block in zip(sessions, blocks)])
     for session, block, logits in zip(sessions, blocks, results):
-        expected = reference_logits(target, session.tokens)[-(len(block) + 1):]  # [γ+1, V]
+        expected = reference_logits(target, session.tokens)[-(len(block) + 1) :]  # [γ+1, V]
         assert logits.shape == expected.shape
         torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
 
@@ -52,8 +51,9 @@ def test_rollback_then_packed_extend_matches_a_fresh_sequence(packed_target):
         blocks = [[rng.randrange(1, 64) for _ in range(rng.randint(0, 5))] for _ in sessions]
         results = run_forwards([s.plan_extend(block) for s, block in zip(sessions, blocks)])
         for session, block, logits in zip(sessions, blocks, results):
-            torch.testing.assert_close(logits, reference_logits(target, session.tokens)[-(len(block) + 1):],
-                                       atol=1e-4, rtol=0)
+            torch.testing.assert_close(
+                logits, reference_logits(target, session.tokens)[-(len(block) + 1) :], atol=1e-4, rtol=0
+            )
             session.truncate(len(session) - rng.randint(0, len(block)))
 
 
@@ -68,8 +68,9 @@ def test_rows_share_a_grid_only_where_it_reads_less_than_a_call_and_match_one_se
     sessions = [KVSession(target, [rng.randrange(1, 64) for _ in range(length)]) for length in lengths]
     run_forwards([s.plan_prefill() for s in sessions])
     in_step = [12, 0, 7, 1, 3, 13, 8]  # slots 0-1-3 (one idle between), 7-8, 12 and 13; packed in this order
-    step = PackedStep([PackedRow(sessions[i].cache, sessions[i].cached_len, 2) for i in in_step],
-                      torch.device("cpu"), torch.float32)
+    step = PackedStep(
+        [PackedRow(sessions[i].cache, sessions[i].cached_len, 2) for i in in_step], torch.device("cpu"), torch.float32
+    )
     assert [[step.rows[i].kv.slot for i in grid.rows] for grid in step.grids] == [[0, 1, 3], [7, 8]]
     assert sorted(step.rows[i].kv.slot for i, _ in step.single_rows) == [12, 13]
     blocks = {i: [rng.randrange(1, 64) for _ in range(rng.randint(0, 5))] for i in in_step}
@@ -77,8 +78,9 @@ def test_rows_share_a_grid_only_where_it_reads_less_than_a_call_and_match_one_se
     plans = [sessions[i].plan_extend(blocks[i]) for i in in_step] + [newcomer.plan_prefill()]
     results = run_forwards(plans)
     for i, logits in zip(in_step, results):
-        torch.testing.assert_close(logits, reference_logits(target, sessions[i].tokens)[-(len(blocks[i]) + 1):],
-                                   atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            logits, reference_logits(target, sessions[i].tokens)[-(len(blocks[i]) + 1) :], atol=1e-4, rtol=0
+        )
     next_logits = newcomer.extend()  # scored from the prefilled cache
     torch.testing.assert_close(next_logits, reference_logits(target, newcomer.tokens)[-1:], atol=1e-4, rtol=0)
 
@@ -91,7 +93,7 @@ def test_pool_grows_past_its_first_capacity_and_slots_and_keeps_contents():
     for start in range(0, 100, 10):  # past the first capacity, ten positions of every sequence at a time
         slots = torch.arange(9).repeat_interleave(10)
         positions = torch.arange(start, start + 10).repeat(9)
-        block = written[:, start:start + 10].reshape(90, 2, 4)
+        block = written[:, start : start + 10].reshape(90, 2, 4)
         pool.reserve(start + 10)
         keys, values = pool.write(0, slots, positions, block, -block)
     assert keys.shape[0] >= 9 and keys.shape[2] >= 100
@@ -120,8 +122,9 @@ def test_forks_get_their_own_slot_and_dropped_sequences_give_theirs_back():
 def test_models_with_attention_it_cannot_reproduce_run_one_sequence_per_pass():
     assert supports_packed_forward(LlamaConfig())
     assert not supports_packed_forward(MistralConfig(sliding_window=16))
-    assert not supports_packed_forward(LlamaConfig(layer_types=["sliding_attention", "full_attention"],
-                                                   num_hidden_layers=2))
+    assert not supports_packed_forward(
+        LlamaConfig(layer_types=["sliding_attention", "full_attention"], num_hidden_layers=2)
+    )
 
 
 def test_transformers_generation_still_works_on_a_packed_model(tiny_pair):
@@ -133,6 +136,7 @@ def test_transformers_generation_still_works_on_a_packed_model(tiny_pair):
     for _ in range(plain.shape[1] - 3):  # the greedy continuation, one full forward per token
         tokens.append(int(reference_logits(target, tokens)[-1].argmax()))
     assert plain[0].tolist() == tokens
-    assisted = target.model.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0,
-                                     assistant_model=draft.model)
+    assisted = target.model.generate(
+        prompt, max_new_tokens=12, do_sample=False, pad_token_id=0, assistant_model=draft.model
+    )
     assert assisted[0].tolist() == tokens

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from specdec.protogen import REPO_ROOT, STUB_PACKAGE, generate
 
 
@@ -13,4 +12,5 @@ def test_generated_stubs_are_fresh(tmp_path):
     assert [p.name for p in committed] == [p.name for p in fresh], "stub files differ: run python -m specdec.protogen"
     for new in fresh:
         assert (REPO_ROOT / STUB_PACKAGE / new.name).read_bytes() == new.read_bytes(), (
-            f"{new.name} is stale: run python -m specdec.protogen")
+            f"{new.name} is stale: run python -m specdec.protogen"
+        )

@@ -18,14 +18,27 @@ def kernel():
     return attend
 
 
-def sdpa_row(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slot: int, start: int, count: int,
-             offset: int, scale: float) -> torch.Tensor:
+def sdpa_row(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    slot: int,
+    start: int,
+    count: int,
+    offset: int,
+    scale: float,
+) -> torch.Tensor:
     """One row alone through SDPA: its queries [H, n, D] against its slot's first start + n positions, causal."""
     length = start + count
     visible = torch.arange(length) <= (start + torch.arange(count)).unsqueeze(1)  # [n, L]
     out = F.scaled_dot_product_attention(
-        query[None, :, offset:offset + count], keys[slot:slot + 1, :, :length], values[slot:slot + 1, :, :length],
-        attn_mask=visible, scale=scale, enable_gqa=keys.shape[1] != query.shape[0])
+        query[None, :, offset : offset + count],
+        keys[slot : slot + 1, :, :length],
+        values[slot : slot + 1, :, :length],
+        attn_mask=visible,
+        scale=scale,
+        enable_gqa=keys.shape[1] != query.shape[0],
+    )
     return out[0].transpose(0, 1)  # [n, H, D]
 
 
@@ -47,7 +60,7 @@ def test_rows_of_every_shape_match_sdpa_row_by_row(kernel, heads, kv_heads, head
     tokens = offset + 3  # three tokens of the step belong to no short row: the kernel leaves them alone
     query = torch.randn(1, tokens, heads, head_dim).transpose(1, 2)[0]  # [H, T, D], strided as in a model
     out = torch.full((tokens, heads, head_dim), 7.0)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -55,8 +68,9 @@ def test_rows_of_every_shape_match_sdpa_row_by_row(kernel, heads, kv_heads, head
     finally:
         torch.set_num_threads(previous)
     for slot, start, count, at in layout:
-        torch.testing.assert_close(out[at:at + count], sdpa_row(query, keys, values, slot, start, count, at, scale),
-                                   atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            out[at : at + count], sdpa_row(query, keys, values, slot, start, count, at, scale), atol=2e-5, rtol=1e-5
+        )
     assert torch.equal(out[offset:], torch.full((3, heads, head_dim), 7.0))
 
 

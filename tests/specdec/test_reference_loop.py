@@ -8,11 +8,11 @@ import random
 import pytest
 import torch
 from scipy.stats import chisquare
+from tiny_models import make_pair
 
 from specdec.model_runtime import LoadedModel, ModelSettings
 from specdec.reference_loop import speculative_generate, target_only_generate
 from specdec.sampling import SamplingParams
-from tiny_models import make_pair
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -78,7 +78,9 @@ def test_seeded_sampling_is_reproducible(tiny_pair):
 def vocab8_pair(tmp_path_factory):
     target_dir, draft_dir = make_pair(tmp_path_factory.mktemp("v8"), vocab_size=8, hidden=16, noise=1.0)
     settings = dict(threads=1)
-    return LoadedModel.load(ModelSettings(str(target_dir), **settings)), LoadedModel.load(ModelSettings(str(draft_dir), **settings))
+    return LoadedModel.load(ModelSettings(str(target_dir), **settings)), LoadedModel.load(
+        ModelSettings(str(draft_dir), **settings)
+    )
 
 
 def test_first_two_tokens_follow_the_target_distribution(vocab8_pair):
@@ -88,9 +90,11 @@ def test_first_two_tokens_follow_the_target_distribution(vocab8_pair):
     params = dict(temperature=1.0)
     with torch.inference_mode():
         from specdec.kv_session import KVSession
+
         first = torch.softmax(KVSession(target, prompt).extend()[-1], -1)  # [V]
-        joint = torch.stack([first[a] * torch.softmax(KVSession(target, prompt + [a]).extend()[-1], -1)
-                             for a in range(8)])  # [V, V]
+        joint = torch.stack(
+            [first[a] * torch.softmax(KVSession(target, prompt + [a]).extend()[-1], -1) for a in range(8)]
+        )  # [V, V]
     samples = 20_000
     counts = collections.Counter()
     for seed in range(samples):

@@ -75,9 +75,7 @@ def test_residual_rejects_mismatched_shapes():
 
 def test_temperature_scales_logits():
     logits = torch.tensor([0.0, math.log(4.0)])
-    torch.testing.assert_close(
-        logits_to_probs(logits, SamplingParams(temperature=1.0)), torch.tensor([0.2, 0.8])
-    )
+    torch.testing.assert_close(logits_to_probs(logits, SamplingParams(temperature=1.0)), torch.tensor([0.2, 0.8]))
     torch.testing.assert_close(  # T = 2 halves the log-odds: weights 1 : 2
         logits_to_probs(logits, SamplingParams(temperature=2.0)), torch.tensor([1 / 3, 2 / 3])
     )
@@ -444,9 +442,7 @@ def _assert_matches(counts: torch.Tensor, probs: torch.Tensor) -> None:
     assert result.pvalue > MIN_P_VALUE, f"counts {counts.tolist()} vs p {probs.tolist()}: {result}"
 
 
-def _first_token_counts(
-    draft_rows: list[list[int]], q: torch.Tensor | None, p: torch.Tensor
-) -> torch.Tensor:
+def _first_token_counts(draft_rows: list[list[int]], q: torch.Tensor | None, p: torch.Tensor) -> torch.Tensor:
     """Run one round per draft (each on its own positions) and count the first emitted tokens."""
     gamma = p.shape[0] - 1
     counts = [0] * p.shape[1]

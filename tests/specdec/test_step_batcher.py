@@ -104,8 +104,9 @@ def waiting_batcher() -> tuple[Recorder, StepBatcher]:
 
 async def second_round(batcher: StepBatcher, follows, late_s: float) -> None:
     """Sessions a and b share a step; then a calls again at once and b only after late_s."""
-    await asyncio.gather(batcher.submit("step", "a", 1, follows=follows),
-                         batcher.submit("step", "b", 2, follows=follows))
+    await asyncio.gather(
+        batcher.submit("step", "a", 1, follows=follows), batcher.submit("step", "b", 2, follows=follows)
+    )
     again = batcher.submit("step", "a", 3)
     await asyncio.sleep(late_s)
     await asyncio.gather(again, batcher.submit("step", "b", 4))
@@ -259,8 +260,13 @@ class PassCounter:
 
 def joining_batcher(max_batch_size: int) -> tuple[PassCounter, StepBatcher, list[tuple[str, int]]]:
     counter, steps = PassCounter(), []
-    batcher = StepBatcher({}, max_batch_size=max_batch_size, name="test", joining_fns={"step": counter},
-                          on_step=lambda kind, calls: steps.append((kind, calls)))
+    batcher = StepBatcher(
+        {},
+        max_batch_size=max_batch_size,
+        name="test",
+        joining_fns={"step": counter},
+        on_step=lambda kind, calls: steps.append((kind, calls)),
+    )
     return counter, batcher, steps
 
 
@@ -290,11 +296,14 @@ def test_only_calls_of_the_kind_on_new_sessions_join_within_the_size_limit_and_t
     async def main():
         first = batcher.submit("step", "first", 2)
         await asyncio.sleep(0.05)
-        calls = [batcher.submit("step", "first", 1),  # its session is in the step: next step
-                 batcher.run(lambda session: events.append(f"closed {session}"), "c"),
-                 batcher.submit("step", "c", 1),  # behind the one-off on its session: next step
-                 batcher.submit("step", "d", 1), batcher.submit("step", "e", 1),  # join (3 calls in all)
-                 batcher.submit("step", "f", 1)]  # no room left: next step
+        calls = [
+            batcher.submit("step", "first", 1),  # its session is in the step: next step
+            batcher.run(lambda session: events.append(f"closed {session}"), "c"),
+            batcher.submit("step", "c", 1),  # behind the one-off on its session: next step
+            batcher.submit("step", "d", 1),
+            batcher.submit("step", "e", 1),  # join (3 calls in all)
+            batcher.submit("step", "f", 1),
+        ]  # no room left: next step
         counter.release.set()
         return await asyncio.gather(first, *calls)
 
@@ -325,8 +334,9 @@ def test_batch_size_one_joins_nothing_and_a_failing_joining_step_fails_the_calls
     failing = StepBatcher({}, max_batch_size=4, name="test", joining_fns={"step": answers_one_then_fails})
 
     async def both():
-        return await asyncio.gather(failing.submit("step", "a", 1), failing.submit("step", "b", 1),
-                                    return_exceptions=True)
+        return await asyncio.gather(
+            failing.submit("step", "a", 1), failing.submit("step", "b", 1), return_exceptions=True
+        )
 
     outcomes = run(both())
     failing.close()

@@ -77,6 +77,6 @@ def test_rounds_with_rollbacks_match_target_only(services, tiny_pair):
         assert length == len(committed) and session_tokens(verifier) == committed
         assert session_tokens(drafter)[:synced] == committed[:synced]
     expected = target_only_generate(target, PROMPT, GREEDY, len(committed) - len(PROMPT)).token_ids
-    generated = committed[len(PROMPT):]
+    generated = committed[len(PROMPT) :]
     cut = generated.index(0) + 1 if 0 in generated else len(generated)  # target-only stops at EOS (id 0)
     assert generated[:cut] == expected

@@ -7,9 +7,12 @@ from specdec.wire import follows_at_once
 
 
 def test_a_hint_names_verdicts_by_accepted_count_and_token_or_any_token():
-    hint = verifier_pb2.NextCallHint(after_verdicts=[
-        verifier_pb2.GuessedVerdict(num_accepted=4),  # all accepted, whatever the bonus token
-        verifier_pb2.GuessedVerdict(num_accepted=1, next_token_id=7)])
+    hint = verifier_pb2.NextCallHint(
+        after_verdicts=[
+            verifier_pb2.GuessedVerdict(num_accepted=4),  # all accepted, whatever the bonus token
+            verifier_pb2.GuessedVerdict(num_accepted=1, next_token_id=7),
+        ]
+    )
     assert follows_at_once(hint, 4, 123)
     assert follows_at_once(hint, 1, 7)
     assert not follows_at_once(hint, 1, 8)

@@ -35,10 +35,14 @@ def test_opens_ride_along_with_rounds_and_change_nothing(target):
     for service in (mixed, apart):
         for session_id in ("a", "b"):
             service.open(session_id, PROMPTS[session_id], GREEDY)
-    results = mixed.step_many([("x", OPEN, NEW["x"], GREEDY),
-                               ("a", VERIFY, len(PROMPTS["a"]), DRAFTS["a"], None),
-                               ("y", OPEN, NEW["y"], GREEDY),
-                               ("b", VERIFY, len(PROMPTS["b"]), DRAFTS["b"], None)])
+    results = mixed.step_many(
+        [
+            ("x", OPEN, NEW["x"], GREEDY),
+            ("a", VERIFY, len(PROMPTS["a"]), DRAFTS["a"], None),
+            ("y", OPEN, NEW["y"], GREEDY),
+            ("b", VERIFY, len(PROMPTS["b"]), DRAFTS["b"], None),
+        ]
+    )
     alone = [apart.verify(session_id, len(PROMPTS[session_id]), DRAFTS[session_id], None) for session_id in "ab"]
     for session_id in "xy":
         apart.open(session_id, NEW[session_id], GREEDY)
@@ -50,16 +54,21 @@ def test_opens_ride_along_with_rounds_and_change_nothing(target):
         assert timing.batch_tokens == (len(DRAFTS["a"]) + 1) + (len(DRAFTS["b"]) + 1) + (9 - 1) + (2 - 1)
     for session_id in "abxy":
         assert tokens(mixed, session_id) == tokens(apart, session_id)
-        torch.testing.assert_close(logits_after(mixed, session_id), logits_after(apart, session_id),
-                                   rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            logits_after(mixed, session_id), logits_after(apart, session_id), rtol=1e-4, atol=1e-4
+        )
 
 
 def test_a_failing_call_fails_alone_in_a_mixed_step(target):
     service = VerifyService(VerifySettings(max_speculative_tokens=2), target)
     service.open("a", PROMPTS["a"], GREEDY)
-    results = service.step_many([("a", VERIFY, len(PROMPTS["a"]), [1, 2, 3], None),
-                                 ("c", OPEN, PROMPTS["c"], GREEDY),
-                                 ("missing", VERIFY, 3, [1], None)])
+    results = service.step_many(
+        [
+            ("a", VERIFY, len(PROMPTS["a"]), [1, 2, 3], None),
+            ("c", OPEN, PROMPTS["c"], GREEDY),
+            ("missing", VERIFY, 3, [1], None),
+        ]
+    )
     assert isinstance(results[0], InvalidFieldError) and results[0].field == "draft_token_ids"
     assert isinstance(results[1], int) and tokens(service, "c") == PROMPTS["c"]
     assert isinstance(results[2], Exception)
@@ -79,5 +88,6 @@ def test_each_scoring_pass_is_reported_with_its_prefill_and_scored_tokens(target
     assert [(prefill, scored) for _, prefill, scored in passes] == [
         (len(PROMPTS["a"]) - 1, 0),  # the open alone: every prompt token but the last
         (len(NEW["x"]) - 1, len(DRAFTS["a"]) + 1),  # an open riding along with a round of γ = 3
-        (0, 1)]  # a plain step
+        (0, 1),
+    ]  # a plain step
     assert all(ns > 0 for ns, _, _ in passes)

@@ -2,8 +2,8 @@
 
 Through the real gRPC stack: greedy output token-identical to TP = 1, sessions, rollback and concurrent
 requests; and a worker rank that is killed (local ranks) or hangs (Ray ranks) mid-request turns the service
-NOT_SERVING and fails the request UNAVAILABLE within a bound. The TP = 1 side is the in-process target (the path the TP = 1 service
-runs, checked by tests/coordinator/test_end_to_end.py).
+NOT_SERVING and fails the request UNAVAILABLE within a bound. The TP = 1 side is the in-process target (the path
+the TP = 1 service runs, checked by tests/coordinator/test_end_to_end.py).
 """
 
 from __future__ import annotations
@@ -49,8 +49,12 @@ def target(tiny_pair_dirs) -> LoadedModel:
 @pytest.fixture(scope="module")
 def draft(tiny_pair_dirs, tmp_path_factory) -> ServiceProcess:
     """One draft service for both stacks (what LocalStack starts, minus a second draft start-up)."""
-    service = start_service("draft", "draft_service", ["--model", str(tiny_pair_dirs[1]), "--threads", "1"],
-                            tmp_path_factory.mktemp("tp-draft"))
+    service = start_service(
+        "draft",
+        "draft_service",
+        ["--model", str(tiny_pair_dirs[1]), "--threads", "1"],
+        tmp_path_factory.mktemp("tp-draft"),
+    )
     yield service
     service.stop()
 
@@ -68,11 +72,16 @@ class Stack:
 def stack(request, tiny_pair_dirs, draft, tmp_path_factory) -> Stack:
     target_dir = str(tiny_pair_dirs[0])
     log_dir = tmp_path_factory.mktemp(f"tp-{request.param}")
-    verify = start_service("verify", "verify_service",
-                           ["--model", target_dir, *TP2, "--tp-launcher", request.param], log_dir)
+    verify = start_service(
+        "verify", "verify_service", ["--model", target_dir, *TP2, "--tp-launcher", request.param], log_dir
+    )
     try:
-        coordinator = start_service("coordinator", "coordinator", [
-            "--tokenizer", target_dir, "--draft-replicas", draft.address, "--verify-replicas", verify.address], log_dir)
+        coordinator = start_service(
+            "coordinator",
+            "coordinator",
+            ["--tokenizer", target_dir, "--draft-replicas", draft.address, "--verify-replicas", verify.address],
+            log_dir,
+        )
     except BaseException:
         verify.stop()
         raise
@@ -113,8 +122,9 @@ def test_greedy_output_is_token_identical_to_tp1_on_ten_prompts(client, verifier
 def test_concurrent_requests_each_match_tp1(client, target):
     prompts = random_prompts(6, seed=21)
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
-        replies = list(pool.map(lambda p: client.generate(p, max_new_tokens=MAX_NEW, num_speculative_tokens=3),
-                                prompts))
+        replies = list(
+            pool.map(lambda p: client.generate(p, max_new_tokens=MAX_NEW, num_speculative_tokens=3), prompts)
+        )
     for prompt, reply in zip(prompts, replies):
         assert list(reply.token_ids) == target_only_generate(target, prompt, SamplingParams(), MAX_NEW).token_ids
 
@@ -126,17 +136,23 @@ def test_interleaved_sessions_and_rollback_match_tp1(verifier, target):
     greedy = SamplingParams()
 
     def both_open(session_id: str, prompt: list[int]) -> None:
-        reply = stub.OpenSession(verifier_pb2.OpenVerifySessionRequest(session_id=session_id, prompt_token_ids=prompt),
-                                 timeout=30)
+        reply = stub.OpenSession(
+            verifier_pb2.OpenVerifySessionRequest(session_id=session_id, prompt_token_ids=prompt), timeout=30
+        )
         reference.open(session_id, prompt, greedy)
         assert reply.session_len == len(prompt)
 
     def both_verify(session_id: str, base_len: int, drafts: list[int]) -> verifier_pb2.VerifyResponse:
-        reply = stub.Verify(verifier_pb2.VerifyRequest(session_id=session_id, base_len=base_len,
-                                                       draft_token_ids=drafts), timeout=30)
+        reply = stub.Verify(
+            verifier_pb2.VerifyRequest(session_id=session_id, base_len=base_len, draft_token_ids=drafts), timeout=30
+        )
         verdict, _, session_len = reference.verify(session_id, base_len, drafts, None)
-        assert (list(reply.accepted_token_ids), reply.next_token_id, reply.is_bonus, reply.session_len) == \
-            (verdict.accepted_tokens, verdict.next_token, verdict.is_bonus, session_len), (session_id, base_len, drafts)
+        assert (list(reply.accepted_token_ids), reply.next_token_id, reply.is_bonus, reply.session_len) == (
+            verdict.accepted_tokens,
+            verdict.next_token,
+            verdict.is_bonus,
+            session_len,
+        ), (session_id, base_len, drafts)
         return reply
 
     both_open("a", [5, 9, 13, 2, 40])
@@ -172,8 +188,9 @@ FAILURE_BOUND_S = 10.0  # from the kill (or the end of tp_timeout_s) to UNAVAILA
 
 def verify_in_flight(stub, session_id: str) -> concurrent.futures.Future:
     pool = concurrent.futures.ThreadPoolExecutor(1)
-    future = pool.submit(stub.Verify, verifier_pb2.VerifyRequest(session_id=session_id, base_len=5,
-                                                                 draft_token_ids=[7, 7]), timeout=60)
+    future = pool.submit(
+        stub.Verify, verifier_pb2.VerifyRequest(session_id=session_id, base_len=5, draft_token_ids=[7, 7]), timeout=60
+    )
     pool.shutdown(wait=False)
     return future
 
@@ -182,8 +199,9 @@ def test_a_failed_worker_rank_fails_the_request_unavailable_and_turns_the_servic
     stub, health = verifier
     service = stack.verify
     worker_pid = int(re.search(r"rank 1 pid (\d+)", service.log_path.read_text()).group(1))
-    stub.OpenSession(verifier_pb2.OpenVerifySessionRequest(session_id="doomed", prompt_token_ids=[3, 1, 4, 1, 5]),
-                     timeout=30)
+    stub.OpenSession(
+        verifier_pb2.OpenVerifySessionRequest(session_id="doomed", prompt_token_ids=[3, 1, 4, 1, 5]), timeout=30
+    )
     kill = stack.launcher == "local"
     try:
         os.kill(worker_pid, signal.SIGSTOP)  # rank 1 freezes, so the next request is surely mid-flight
@@ -205,7 +223,10 @@ def test_a_failed_worker_rank_fails_the_request_unavailable_and_turns_the_servic
         with pytest.raises(grpc.RpcError) as later:  # later calls fail at once
             stub.Verify(verifier_pb2.VerifyRequest(session_id="doomed", base_len=5, draft_token_ids=[1]), timeout=5)
         assert later.value.code() == grpc.StatusCode.UNAVAILABLE
-        with Client(stack.coordinator.address, timeout_s=30) as client, pytest.raises(grpc.RpcError) as through_coordinator:
+        with (
+            Client(stack.coordinator.address, timeout_s=30) as client,
+            pytest.raises(grpc.RpcError) as through_coordinator,
+        ):
             client.generate([1, 2, 3], max_new_tokens=4)
         assert through_coordinator.value.code() == grpc.StatusCode.UNAVAILABLE
         assert service.stop(timeout_s=TP_TIMEOUT_S + 20) == 0  # rank 0 still shuts down cleanly

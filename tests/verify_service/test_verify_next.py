@@ -23,8 +23,9 @@ AHEAD = 12  # greedy reference tokens needed
 @pytest.fixture(scope="module")
 def verifier(tiny_pair_dirs):
     target_dir, _ = tiny_pair_dirs
-    service = start_service("verify", "verify_service", ["--model", str(target_dir)],
-                            Path(tempfile.mkdtemp(prefix="verify-next-")))
+    service = start_service(
+        "verify", "verify_service", ["--model", str(target_dir)], Path(tempfile.mkdtemp(prefix="verify-next-"))
+    )
     with grpc.insecure_channel(service.address) as channel:
         yield verifier_pb2_grpc.VerifierStub(channel)
     service.stop()
@@ -38,33 +39,52 @@ def reference(tiny_pair) -> list[int]:
 
 
 def open_session(verifier, session_id: str) -> None:
-    verifier.OpenSession(verifier_pb2.OpenVerifySessionRequest(
-        session_id=session_id, prompt_token_ids=PROMPT, sampling=sampling_to_proto(SamplingParams())), timeout=30)
+    verifier.OpenSession(
+        verifier_pb2.OpenVerifySessionRequest(
+            session_id=session_id, prompt_token_ids=PROMPT, sampling=sampling_to_proto(SamplingParams())
+        ),
+        timeout=30,
+    )
 
 
 def round_after(num_accepted: int, next_token: int, drafts: list[int]) -> verifier_pb2.GuessedRound:
-    return verifier_pb2.GuessedRound(verdict=verifier_pb2.GuessedVerdict(num_accepted=num_accepted,
-                                                                         next_token_id=next_token),
-                                     draft_token_ids=drafts)
+    return verifier_pb2.GuessedRound(
+        verdict=verifier_pb2.GuessedVerdict(num_accepted=num_accepted, next_token_id=next_token), draft_token_ids=drafts
+    )
 
 
-def verify_then_next(verifier, session_id: str, block: list[int], rounds: list[verifier_pb2.GuessedRound],
-                     plain_otherwise: bool = False, after_base_len: int = len(PROMPT)):
+def verify_then_next(
+    verifier,
+    session_id: str,
+    block: list[int],
+    rounds: list[verifier_pb2.GuessedRound],
+    plain_otherwise: bool = False,
+    after_base_len: int = len(PROMPT),
+):
     """Verify(block) and, while it runs, VerifyNext(rounds): (its verdict, VerifyNext's answer)."""
-    verdict = verifier.Verify.future(verifier_pb2.VerifyRequest(session_id=session_id, base_len=len(PROMPT),
-                                                                draft_token_ids=block), timeout=30)
-    following = verifier.VerifyNext(verifier_pb2.VerifyNextRequest(
-        session_id=session_id, after_base_len=after_base_len, rounds=rounds, plain_otherwise=plain_otherwise),
-        timeout=30)
+    verdict = verifier.Verify.future(
+        verifier_pb2.VerifyRequest(session_id=session_id, base_len=len(PROMPT), draft_token_ids=block), timeout=30
+    )
+    following = verifier.VerifyNext(
+        verifier_pb2.VerifyNextRequest(
+            session_id=session_id, after_base_len=after_base_len, rounds=rounds, plain_otherwise=plain_otherwise
+        ),
+        timeout=30,
+    )
     return verdict.result(), following
 
 
 def test_the_round_of_the_matching_guess_runs_and_commits(verifier, reference):
     open_session(verifier, "hit")
-    verdict, following = verify_then_next(verifier, "hit", reference[:3], [
-        round_after(1, (reference[1] + 1) % 64, [1, 2]),  # a guessed rejection that does not happen
-        round_after(3, reference[3], reference[4:7]),  # "all accepted", bonus reference[3]
-    ])
+    verdict, following = verify_then_next(
+        verifier,
+        "hit",
+        reference[:3],
+        [
+            round_after(1, (reference[1] + 1) % 64, [1, 2]),  # a guessed rejection that does not happen
+            round_after(3, reference[3], reference[4:7]),  # "all accepted", bonus reference[3]
+        ],
+    )
     assert list(verdict.accepted_token_ids) == reference[:3] and verdict.next_token_id == reference[3]
     assert following.ran and following.round_index == 1
     assert list(following.verdict.accepted_token_ids) == reference[4:7]
@@ -76,12 +96,16 @@ def test_the_round_of_the_matching_guess_runs_and_commits(verifier, reference):
 
 def test_a_verify_next_that_overtakes_its_round_waits_for_it(verifier, reference):
     open_session(verifier, "early")
-    following = verifier.VerifyNext.future(verifier_pb2.VerifyNextRequest(
-        session_id="early", after_base_len=len(PROMPT), rounds=[round_after(3, reference[3], reference[4:7])]),
-        timeout=30)
+    following = verifier.VerifyNext.future(
+        verifier_pb2.VerifyNextRequest(
+            session_id="early", after_base_len=len(PROMPT), rounds=[round_after(3, reference[3], reference[4:7])]
+        ),
+        timeout=30,
+    )
     time.sleep(0.2)  # it reached the verifier before the round it follows
-    verdict = verifier.Verify(verifier_pb2.VerifyRequest(session_id="early", base_len=len(PROMPT),
-                                                         draft_token_ids=reference[:3]), timeout=30)
+    verdict = verifier.Verify(
+        verifier_pb2.VerifyRequest(session_id="early", base_len=len(PROMPT), draft_token_ids=reference[:3]), timeout=30
+    )
     assert verdict.next_token_id == reference[3]
     answer = following.result()
     assert answer.ran and answer.round_index == 0 and answer.verdict.next_token_id == reference[7]
@@ -103,32 +127,46 @@ def test_a_verdict_no_guess_matches_runs_a_plain_step_or_nothing(verifier, refer
 
 def test_a_round_that_follows_another_base_len_runs_nothing(verifier, reference):
     open_session(verifier, "stale")
-    _, following = verify_then_next(verifier, "stale", reference[:3], [round_after(3, reference[3], [1])],
-                                    plain_otherwise=True, after_base_len=len(PROMPT) + 1)
+    _, following = verify_then_next(
+        verifier,
+        "stale",
+        reference[:3],
+        [round_after(3, reference[3], [1])],
+        plain_otherwise=True,
+        after_base_len=len(PROMPT) + 1,
+    )
     assert not following.ran
     again = verifier.Verify(verifier_pb2.VerifyRequest(session_id="stale", base_len=len(PROMPT) + 4), timeout=30)
     assert again.next_token_id == reference[4]  # nothing was committed past the verdict
 
 
-@pytest.mark.parametrize("guessed, code, field", [
-    (verifier_pb2.GuessedRound(verdict=verifier_pb2.GuessedVerdict(num_accepted=1), draft_token_ids=[1]),
-     grpc.StatusCode.INVALID_ARGUMENT, "rounds[0].verdict.next_token_id"),
-    (round_after(1, 64, [1]), grpc.StatusCode.INVALID_ARGUMENT, "rounds[0].verdict.next_token_id"),
-    (round_after(1, 2, []), grpc.StatusCode.INVALID_ARGUMENT, "rounds[0].draft_token_ids"),
-    (round_after(1, 2, [1, 99]), grpc.StatusCode.INVALID_ARGUMENT, "rounds[0].draft_token_ids"),
-    (round_after(1, 2, [1] * 40), grpc.StatusCode.INVALID_ARGUMENT, "rounds[0].draft_token_ids"),
-])
+@pytest.mark.parametrize(
+    "guessed, code, field",
+    [
+        (
+            verifier_pb2.GuessedRound(verdict=verifier_pb2.GuessedVerdict(num_accepted=1), draft_token_ids=[1]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "rounds[0].verdict.next_token_id",
+        ),
+        (round_after(1, 64, [1]), grpc.StatusCode.INVALID_ARGUMENT, "rounds[0].verdict.next_token_id"),
+        (round_after(1, 2, []), grpc.StatusCode.INVALID_ARGUMENT, "rounds[0].draft_token_ids"),
+        (round_after(1, 2, [1, 99]), grpc.StatusCode.INVALID_ARGUMENT, "rounds[0].draft_token_ids"),
+        (round_after(1, 2, [1] * 40), grpc.StatusCode.INVALID_ARGUMENT, "rounds[0].draft_token_ids"),
+    ],
+)
 def test_bad_rounds_are_invalid_argument_naming_the_field(verifier, guessed, code, field):
     with pytest.raises(grpc.RpcError) as raised:
-        verifier.VerifyNext(verifier_pb2.VerifyNextRequest(session_id="any", after_base_len=4, rounds=[guessed]),
-                            timeout=30)
+        verifier.VerifyNext(
+            verifier_pb2.VerifyNextRequest(session_id="any", after_base_len=4, rounds=[guessed]), timeout=30
+        )
     assert raised.value.code() == code and raised.value.details().startswith(field), raised.value.details()
 
 
 def test_an_unknown_session_is_not_found(verifier):
     with pytest.raises(grpc.RpcError) as raised:
-        verifier.VerifyNext(verifier_pb2.VerifyNextRequest(session_id="nope", after_base_len=4, plain_otherwise=True),
-                            timeout=30)
+        verifier.VerifyNext(
+            verifier_pb2.VerifyNextRequest(session_id="nope", after_base_len=4, plain_otherwise=True), timeout=30
+        )
     assert raised.value.code() == grpc.StatusCode.NOT_FOUND and "session_id" in raised.value.details()
     info = verifier.Info(common_pb2.InfoRequest(), timeout=10)
     assert info.active_sessions >= 0  # still serving

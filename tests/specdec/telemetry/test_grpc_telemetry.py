@@ -45,26 +45,33 @@ def run_calls():
     drafter, coordinator = FakeDrafter(), FakeCoordinator()
 
     async def scenario():
-        server = grpc.aio.server(interceptors=[ServerTelemetryInterceptor(provider, RpcMetrics(registry)),
-                                               ErrorMappingInterceptor()])
+        server = grpc.aio.server(
+            interceptors=[ServerTelemetryInterceptor(provider, RpcMetrics(registry)), ErrorMappingInterceptor()]
+        )
         drafter_pb2_grpc.add_DrafterServicer_to_server(drafter, server)
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(coordinator, server)
         health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}",
-                                                 interceptors=trace_context_interceptors()) as channel:
+            async with grpc.aio.insecure_channel(
+                f"127.0.0.1:{port}", interceptors=trace_context_interceptors()
+            ) as channel:
                 await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
                 with provider.get_tracer("test").start_as_current_span("caller") as caller:
                     await drafter_pb2_grpc.DrafterStub(channel).Propose(
-                        drafter_pb2.ProposeRequest(session_id="s1", base_len=7, num_speculative_tokens=2), timeout=10)
+                        drafter_pb2.ProposeRequest(session_id="s1", base_len=7, num_speculative_tokens=2), timeout=10
+                    )
                     try:
                         await drafter_pb2_grpc.DrafterStub(channel).Info(common_pb2.InfoRequest(), timeout=10)
                     except grpc.aio.AioRpcError as error:
                         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-                    replies = [r.text async for r in coordinator_pb2_grpc.CoordinatorStub(channel).GenerateStream(
-                        coordinator_pb2.GenerateRequest(), timeout=10)]
+                    replies = [
+                        r.text
+                        async for r in coordinator_pb2_grpc.CoordinatorStub(channel).GenerateStream(
+                            coordinator_pb2.GenerateRequest(), timeout=10
+                        )
+                    ]
                     assert replies == ["a", "b"]
                 return caller.get_span_context()
         finally:
@@ -103,8 +110,12 @@ def test_requests_and_errors_are_counted_by_method_and_status():
     assert requests("/specdec.v1.Drafter/Propose", "OK", "specdec_grpc_server_errors_total") is None
     assert requests("/specdec.v1.Coordinator/GenerateStream", "OK") == 1
     assert requests("/grpc.health.v1.Health/Check", "OK") == 1
-    assert registry.get_sample_value("specdec_grpc_server_handling_seconds_count",
-                                     {"grpc_method": "/specdec.v1.Drafter/Propose"}) == 1
+    assert (
+        registry.get_sample_value(
+            "specdec_grpc_server_handling_seconds_count", {"grpc_method": "/specdec.v1.Drafter/Propose"}
+        )
+        == 1
+    )
 
 
 def test_role_of_names_the_service():

@@ -12,8 +12,10 @@ from specdec.telemetry.metrics import SpeculationMetrics, VerifyPassMetrics, ses
 
 def sample_reader(registry: CollectorRegistry) -> Callable[..., float]:
     """value(name, **labels): a sample of the registry, 0 where it has none."""
+
     def value(name: str, **labels: str) -> float:
         return registry.get_sample_value(name, labels) or 0
+
     return value
 
 

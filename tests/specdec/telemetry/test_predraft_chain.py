@@ -12,9 +12,19 @@ MS = 1_000_000
 
 
 def span(trace: str, span_id: str, parent: str | None, name: str, start_ms: float, end_ms: float, **attributes):
-    return {"name": name, "trace_id": trace, "span_id": span_id, "parent_span_id": parent, "kind": "INTERNAL",
-            "start_ns": int(start_ms * MS), "end_ns": int(end_ms * MS), "status": "UNSET", "role": "coordinator",
-            "attributes": {f"specdec.{key}": value for key, value in attributes.items()}, "events": []}
+    return {
+        "name": name,
+        "trace_id": trace,
+        "span_id": span_id,
+        "parent_span_id": parent,
+        "kind": "INTERNAL",
+        "start_ns": int(start_ms * MS),
+        "end_ns": int(end_ms * MS),
+        "status": "UNSET",
+        "role": "coordinator",
+        "attributes": {f"specdec.{key}": value for key, value in attributes.items()},
+        "events": [],
+    }
 
 
 def request(trace: str, offset_ms: float) -> list[dict]:
@@ -55,8 +65,9 @@ def test_the_command_prints_the_table_and_refuses_spans_without_chained_rounds(t
     spans.write_text("".join(json.dumps(s) + "\n" for s in request("a", 0)))
     report = main(["--spans", str(spans), "--wait-ms", "10"])
     assert report.splitlines()[0] == "2 rounds that pre-drafted and chained their successor"
-    assert report.splitlines()[-1] == ("successor after its pass ended: 50.0%; "
-                                       "more than 10 ms after (missed it): 50.0%")
+    assert report.splitlines()[-1] == (
+        "successor after its pass ended: 50.0%; more than 10 ms after (missed it): 50.0%"
+    )
     assert "slack" in capsys.readouterr().out
     plain = tmp_path / "plain.jsonl"
     plain.write_text(json.dumps(span("c", "r0", None, "round", 0, 10)) + "\n")

@@ -43,10 +43,14 @@ def traced(tiny_pair_dirs, tmp_path_factory):
     coordinator_port, draft_port, verify_port = free_port(), free_port(), free_port()
     # The exporter comes from the environment, so the verify service honours it without a flag of its own.
     # Fixed γ: every round drafts, so every round has draft spans (adaptive γ would not draft on the tiny pair).
-    with LocalStack(str(target_dir), str(draft_dir), env={"SPECDEC_TRACE_EXPORTER": f"jsonl:{spans_path}"},
-                    coordinator_args=["--metrics-port", str(coordinator_port), "--no-adaptive-gamma"],
-                    draft_args=["--metrics-port", str(draft_port)],
-                    verify_args=["--metrics-port", str(verify_port)]) as stack:
+    with LocalStack(
+        str(target_dir),
+        str(draft_dir),
+        env={"SPECDEC_TRACE_EXPORTER": f"jsonl:{spans_path}"},
+        coordinator_args=["--metrics-port", str(coordinator_port), "--no-adaptive-gamma"],
+        draft_args=["--metrics-port", str(draft_port)],
+        verify_args=["--metrics-port", str(verify_port)],
+    ) as stack:
         yield TracedStack(stack, spans_path, coordinator_port, draft_port, verify_port)
 
 
@@ -61,8 +65,12 @@ def trace_of(traced: TracedStack, request_id: str) -> list[dict]:
     deadline = time.monotonic() + 20
     while True:
         spans = read_spans([traced.spans_path]) if traced.spans_path.exists() else []
-        calls = [s for s in spans if s["name"] == "specdec.v1.Coordinator/Generate"
-                 and s["attributes"].get("specdec.request_id") == request_id]
+        calls = [
+            s
+            for s in spans
+            if s["name"] == "specdec.v1.Coordinator/Generate"
+            and s["attributes"].get("specdec.request_id") == request_id
+        ]
         if calls:
             return [s for s in spans if s["trace_id"] == calls[0]["trace_id"]]
         assert time.monotonic() < deadline, f"no finished trace for {request_id}"
@@ -70,14 +78,18 @@ def trace_of(traced: TracedStack, request_id: str) -> list[dict]:
 
 
 def test_one_request_is_one_trace_with_draft_and_verify_spans_under_the_right_round(traced, client):
-    reply = client.generate([5, 9, 13], max_new_tokens=24, num_speculative_tokens=3, include_stats=True,
-                            request_id="traced-1")
+    reply = client.generate(
+        [5, 9, 13], max_new_tokens=24, num_speculative_tokens=3, include_stats=True, request_id="traced-1"
+    )
     spans = trace_of(traced, "traced-1")
     by_id = {s["span_id"]: s for s in spans}
     [generate] = [s for s in spans if s["name"] == "generate"]
     session_id = generate["attributes"]["specdec.request_id"]  # what the coordinator opened the sessions as
-    mentioning = {s["trace_id"] for s in read_spans([traced.spans_path])
-                  if s["attributes"].get("specdec.session_id") == session_id}
+    mentioning = {
+        s["trace_id"]
+        for s in read_spans([traced.spans_path])
+        if s["attributes"].get("specdec.session_id") == session_id
+    }
     assert mentioning == {generate["trace_id"]}  # every service's spans of the request: one trace
     assert {s["role"] for s in spans} == {"coordinator", "draft", "verify"}
 
@@ -102,13 +114,17 @@ def test_one_request_is_one_trace_with_draft_and_verify_spans_under_the_right_ro
     verifies = [s for s in spans if s["name"] == "specdec.v1.Verifier/Verify"]
     assert all(s["role"] == "verify" and s["kind"] == "SERVER" for s in verifies)
     assert sorted(round_above(s, "verify")["span_id"] for s in verifies) == sorted(
-        c["parent_span_id"] for c in verify_calls if not c["attributes"]["specdec.chained"])
+        c["parent_span_id"] for c in verify_calls if not c["attributes"]["specdec.chained"]
+    )
     verify_nexts = [s for s in spans if s["name"] == "specdec.v1.Verifier/VerifyNext"]
     assert len(verify_nexts) >= len(chained)  # a chained round's candidates went out in the round before it
     for span in verify_nexts:  # sent in the round whose verdict it waits for
         round_above(span, "verify_next")
     for span in verifies:  # the round that verified base_len b is the one whose commit started at b
-        assert span["attributes"]["specdec.base_len"] == commit_of[round_above(span, "verify")["span_id"]]["specdec.base_len"]
+        assert (
+            span["attributes"]["specdec.base_len"]
+            == commit_of[round_above(span, "verify")["span_id"]]["specdec.base_len"]
+        )
 
     proposes = [s for s in spans if s["name"] == "specdec.v1.Drafter/ProposeLanes"]
     assert proposes and all(s["role"] == "draft" for s in proposes)
@@ -132,7 +148,8 @@ def test_a_callers_trace_context_is_continued(traced):
     request = build_request([1, 2, 3], max_new_tokens=4, request_id="traced-2")
     with grpc.insecure_channel(traced.stack.address) as channel:
         coordinator_pb2_grpc.CoordinatorStub(channel).Generate(
-            request, timeout=60, metadata=[("traceparent", f"00-{trace_id}-00f067aa0ba902b7-01")])
+            request, timeout=60, metadata=[("traceparent", f"00-{trace_id}-00f067aa0ba902b7-01")]
+        )
     assert {s["trace_id"] for s in trace_of(traced, "traced-2")} == {trace_id}
 
 
@@ -146,24 +163,36 @@ def test_timeline_png_from_a_requests_trace(traced, client, tmp_path):
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def difference(before: dict, after: dict) -> Callable[..., float]:
     """delta(name, **labels): how much a sample grew from one scrape to the next (0 where absent)."""
+
     def delta(name: str, **labels: str) -> float:
         key = (name, tuple(sorted(labels.items())))
         return after.get(key, 0.0) - before.get(key, 0.0)
+
     return delta
 
 
 def test_metrics_counters_equal_the_sum_of_the_responses_stats(traced, client):
     before = scrape(traced.coordinator_metrics)
-    replies = [client.generate(prompt, max_new_tokens=20, num_speculative_tokens=gamma, temperature=temperature,
-                               seed=7, include_stats=True)
-               for prompt, gamma, temperature in [([3, 4, 5], 3, 0.0), ([9, 1], 1, 1.0), ([2, 2, 7, 30], 4, 0.8),
-                                                  ([11], 0, 0.0)]]
+    replies = [
+        client.generate(
+            prompt, max_new_tokens=20, num_speculative_tokens=gamma, temperature=temperature, seed=7, include_stats=True
+        )
+        for prompt, gamma, temperature in [
+            ([3, 4, 5], 3, 0.0),
+            ([9, 1], 1, 1.0),
+            ([2, 2, 7, 30], 4, 0.8),
+            ([11], 0, 0.0),
+        ]
+    ]
     with pytest.raises(grpc.RpcError):
         client.generate([1, 2], max_new_tokens=0)
     after = scrape(traced.coordinator_metrics)
@@ -172,9 +201,20 @@ def test_metrics_counters_equal_the_sum_of_the_responses_stats(traced, client):
     stats = [r.stats for r in replies]
     total = defaultdict(int)
     for s in stats:
-        for field in ("rounds", "drafted_tokens", "accepted_tokens", "predraft_attempts", "predraft_hits",
-                      "chained_rounds", "prompt_tokens", "draft_ns", "verify_ns", "sampling_ns", "wire_ns",
-                      "prefill_ns"):
+        for field in (
+            "rounds",
+            "drafted_tokens",
+            "accepted_tokens",
+            "predraft_attempts",
+            "predraft_hits",
+            "chained_rounds",
+            "prompt_tokens",
+            "draft_ns",
+            "verify_ns",
+            "sampling_ns",
+            "wire_ns",
+            "prefill_ns",
+        ):
             total[field] += getattr(s, field)
         for position, (drafted, accepted) in enumerate(zip(s.drafted_per_position, s.accepted_per_position)):
             total[f"drafted@{position}"] += drafted
@@ -191,10 +231,13 @@ def test_metrics_counters_equal_the_sum_of_the_responses_stats(traced, client):
     assert delta("specdec_generated_tokens_total") == sum(len(r.token_ids) for r in replies)
     for position in range(4):
         assert delta("specdec_drafted_tokens_by_position_total", position=str(position)) == total[f"drafted@{position}"]
-        assert delta("specdec_accepted_tokens_by_position_total", position=str(position)) == total[f"accepted@{position}"]
+        assert (
+            delta("specdec_accepted_tokens_by_position_total", position=str(position)) == total[f"accepted@{position}"]
+        )
     for stage in ("draft", "verify", "sampling", "wire", "prefill"):
-        assert delta("specdec_stage_duration_seconds_sum", stage=stage) == pytest.approx(total[f"{stage}_ns"] / 1e9,
-                                                                                       rel=1e-6, abs=1e-9)
+        assert delta("specdec_stage_duration_seconds_sum", stage=stage) == pytest.approx(
+            total[f"{stage}_ns"] / 1e9, rel=1e-6, abs=1e-9
+        )
     assert delta("specdec_time_to_first_token_seconds_count") == len(replies)
     # One observation per token after each request's first chunk (which may hold several tokens).
     assert 0 < delta("specdec_inter_token_latency_seconds_count") <= sum(len(r.token_ids) - 1 for r in replies)
@@ -210,8 +253,15 @@ def test_draft_service_exports_its_sessions_and_kv_cache(traced, client):
     during = scrape(traced.draft_metrics)
     stream.cancel()
     assert during[("specdec_active_sessions", ())] >= 1 and during[("specdec_kv_cache_tokens", ())] >= 3
-    assert during[("specdec_grpc_server_requests_total",
-                   (("grpc_code", "OK"), ("grpc_method", "/specdec.v1.Drafter/OpenSession")))] >= 1
+    assert (
+        during[
+            (
+                "specdec_grpc_server_requests_total",
+                (("grpc_code", "OK"), ("grpc_method", "/specdec.v1.Drafter/OpenSession")),
+            )
+        ]
+        >= 1
+    )
     deadline = time.monotonic() + 20
     while scrape(traced.draft_metrics)[("specdec_active_sessions", ())] and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -221,8 +271,9 @@ def test_draft_service_exports_its_sessions_and_kv_cache(traced, client):
 def test_verify_service_exports_its_passes_with_and_without_prefill(traced, client):
     before = scrape(traced.verify_metrics)
     prompts = [[3, 4, 5, 6, 7], [9, 1, 8]]
-    replies = [client.generate(prompt, max_new_tokens=12, num_speculative_tokens=3, include_stats=True)
-               for prompt in prompts]
+    replies = [
+        client.generate(prompt, max_new_tokens=12, num_speculative_tokens=3, include_stats=True) for prompt in prompts
+    ]
     after = scrape(traced.verify_metrics)
     delta = difference(before, after)
 
@@ -231,7 +282,9 @@ def test_verify_service_exports_its_passes_with_and_without_prefill(traced, clie
     assert delta("specdec_verify_pass_tokens_total", kind="prefill") == sum(len(p) - 1 for p in prompts)
     # Every committed round was scored (γ + 1 tokens); candidate rounds run ahead and then dropped add to it.
     assert delta("specdec_verify_pass_tokens_total", kind="scored") >= sum(
-        r.stats.drafted_tokens + r.stats.rounds for r in replies)
-    assert delta("specdec_verify_pass_duration_seconds_count", prefill="without") >= max(r.stats.rounds
-                                                                                         for r in replies)
+        r.stats.drafted_tokens + r.stats.rounds for r in replies
+    )
+    assert delta("specdec_verify_pass_duration_seconds_count", prefill="without") >= max(
+        r.stats.rounds for r in replies
+    )
     assert delta("specdec_verify_pass_duration_seconds_sum", prefill="without") > 0

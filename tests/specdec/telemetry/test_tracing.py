@@ -26,8 +26,13 @@ def test_sampling_ratio_applies_to_new_traces_and_callers_decide_for_theirs():
     tracer = provider.get_tracer("test")
     with tracer.start_as_current_span("root") as root:
         assert not root.is_recording()
-    sampled_parent = trace.set_span_in_context(trace.NonRecordingSpan(trace.SpanContext(
-        trace_id=0x1234, span_id=0x99, is_remote=True, trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))))
+    sampled_parent = trace.set_span_in_context(
+        trace.NonRecordingSpan(
+            trace.SpanContext(
+                trace_id=0x1234, span_id=0x99, is_remote=True, trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED)
+            )
+        )
+    )
     with tracer.start_as_current_span("child", context=sampled_parent) as child:
         assert child.is_recording()
     assert [s.name for s in provider.memory_exporter.get_finished_spans()] == ["child"]
@@ -42,8 +47,12 @@ def test_jsonl_exporter_appends_one_record_per_span_with_role_and_parent(tmp_pat
             with tracer.start_as_current_span("inner", attributes={"specdec.base_len": 3}):
                 pass
     records = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [(r["role"], r["name"]) for r in records] == [("coordinator", "inner"), ("coordinator", "outer"),
-                                                          ("draft", "inner"), ("draft", "outer")]
+    assert [(r["role"], r["name"]) for r in records] == [
+        ("coordinator", "inner"),
+        ("coordinator", "outer"),
+        ("draft", "inner"),
+        ("draft", "outer"),
+    ]
     inner, outer = records[0], records[1]
     assert inner["parent_span_id"] == outer["span_id"] and outer["parent_span_id"] is None
     assert inner["trace_id"] == outer["trace_id"] and len(inner["trace_id"]) == 32
