@@ -234,6 +234,10 @@ class GuardedRequest:
             self.replay = coordinator_pb2.GenerateStreamResponse.FromString(entry.result)
             return
         self.journaling = True
+        if entry.state == "resume":
+            # The journal's seed, also when no round was journaled yet: Redis keeps it for every later retry, so
+            # a fresh one drawn for this attempt would make this retry and the next disagree.
+            plan = self.plan = dataclasses.replace(plan, params=dataclasses.replace(plan.params, seed=entry.seed))
         remaining = plan.max_new_tokens - len(entry.token_ids)
         if entry.state == "resume" and entry.token_ids and remaining > 0:
             log.info(
@@ -248,7 +252,6 @@ class GuardedRequest:
                 plan,
                 prompt_ids=[*plan.prompt_ids, *entry.token_ids],
                 max_new_tokens=remaining,
-                params=dataclasses.replace(plan.params, seed=entry.seed),
             )
         elif entry.state == "resume" and entry.token_ids:  # the whole budget is journaled: nothing left to run
             self.replay = coordinator_pb2.GenerateStreamResponse(

@@ -13,7 +13,8 @@ import redis
 
 from coordinator.journal import RequestJournal
 from coordinator.redis_state import RedisKeys, connect
-from specdec.client import Client
+from coordinator.request_guard import fingerprint
+from specdec.client import Client, build_request
 
 MAX_NEW = 100
 # Fixed γ: a resumed sampled request must reproduce the uninterrupted one draw for draw.
@@ -159,6 +160,30 @@ def test_a_dead_holders_lease_is_waited_for_and_a_live_one_is_not_taken(redis_se
             await asyncio.sleep(0.2)
 
     asyncio.run(scenario())
+
+
+def test_a_retry_of_an_attempt_that_journaled_no_tokens_uses_the_journaled_seed(after_crash, redis_server):
+    """An attempt died before its first round was journaled: Redis holds its seed and no tokens. The retry (no
+    seed of the client's own) must draw with that seed, as every later retry will."""
+    second, _, _ = after_crash
+    kwargs = dict(max_new_tokens=24, temperature=1.0, top_k=20, num_speculative_tokens=3, include_stats=True)
+    request = build_request([6, 1, 6], request_id="no-tokens-yet", **kwargs)
+    journaled_seed = 424242
+
+    async def dead_attempt() -> None:  # began (lease and seed stored), then died before any round
+        client = connect(redis_server.url, 1.0)
+        journal = RequestJournal(client, RedisKeys(), lease_s=2.0, journal_ttl_s=60, result_ttl_s=60)
+        entry = await journal.begin("-", "no-tokens-yet", fingerprint(request), journaled_seed, "dead-holder", 3)
+        assert entry.state == "new"
+        await journal.release("-", "no-tokens-yet", "dead-holder")
+        await client.aclose()
+
+    asyncio.run(dead_attempt())
+    with Client(second.address, timeout_s=60) as client:
+        retried = client.generate([6, 1, 6], request_id="no-tokens-yet", **kwargs)
+        reference = client.generate([6, 1, 6], seed=journaled_seed, **kwargs)
+    assert retried.stats.seed == journaled_seed
+    assert list(retried.token_ids) == list(reference.token_ids)
 
 
 def test_with_redis_down_requests_still_run_unjournaled(after_crash, redis_server):
