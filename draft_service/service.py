@@ -86,6 +86,13 @@ class DraftService:
         self.step_cost = calibrate(model, one_token_rows=True) if model is not None else None
 
     @property
+    def max_tokens_per_lane(self) -> int:
+        """Most tokens one lane may draft: a block of max_speculative_tokens plus one, the guess of the verifier's
+        bonus token that a coordinator's "all accepted" pre-draft lane drafts ahead of its block
+        (coordinator/predrafting.py), so that a request at the largest γ can pre-draft."""
+        return self.settings.max_speculative_tokens + 1
+
+    @property
     def methods(self) -> list[str]:
         return [MODEL, NGRAM] if self.model is not None else [NGRAM]
 
@@ -214,10 +221,11 @@ class DraftService:
         answered: list[ProposeResult | None] = []
         jobs: list[tuple[int, ModelDraftSession, LaneProposal]] = []
         for slot, proposal in enumerate(proposals):
-            if proposal.num_tokens > self.settings.max_speculative_tokens:
+            if proposal.num_tokens > self.max_tokens_per_lane:
                 raise InvalidFieldError(
                     "num_speculative_tokens",
-                    f"{proposal.num_tokens} exceeds this drafter's limit of {self.settings.max_speculative_tokens}",
+                    f"{proposal.num_tokens} exceeds this drafter's limit of {self.max_tokens_per_lane} "
+                    f"(max_speculative_tokens {self.settings.max_speculative_tokens} + the bonus-token guess)",
                 )
             if proposal.num_alternatives > self.settings.max_alternatives:
                 raise InvalidFieldError(

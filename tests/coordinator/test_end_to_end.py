@@ -85,6 +85,17 @@ def test_greedy_output_is_token_identical_to_target_only(client, models):
     assert chained_rounds > 0  # overlapped rounds went to the verifier ahead of their verdicts (VerifyNext)
 
 
+def test_the_largest_gamma_works_and_stays_identical_to_target_only(client, models):
+    """At the coordinator's largest γ (16, the drafter's --max-speculative-tokens too) the "all accepted"
+    pre-draft lane drafts γ + 1 tokens (its bonus-token guess first): the drafter takes them."""
+    target, _ = models
+    for prompt in random_prompts(2, seed=16):
+        expected = target_only_generate(target, prompt, SamplingParams(), 80).token_ids
+        reply = client.generate(prompt, max_new_tokens=80, num_speculative_tokens=16, include_stats=True)
+        assert list(reply.token_ids) == expected
+        assert reply.stats.predraft_attempts > 0 or reply.stats.rounds == 1
+
+
 def test_plain_decoding_through_the_verifier(client, models):
     target, _ = models
     prompt = [7, 3, 9]

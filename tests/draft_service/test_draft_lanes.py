@@ -89,6 +89,15 @@ def test_bad_lane_proposals_name_the_field_and_fail_only_their_call(drafter, pro
     assert len(good) == 1 and len(good[0].proposal.token_ids) == 2
 
 
+def test_a_lane_may_draft_a_block_of_the_largest_gamma_plus_the_bonus_guess(drafter):
+    limit = drafter.settings.max_speculative_tokens
+    drafter.open("s", PROMPT, GREEDY, "model")
+    [[result]] = drafter.propose_many([("s", [LaneProposal(0, len(PROMPT), [], limit + 1)])])
+    assert len(result.proposal.token_ids) == limit + 1
+    [refused] = drafter.propose_many([("s", [LaneProposal(0, len(PROMPT), [], limit + 2)])])
+    assert isinstance(refused, InvalidFieldError) and refused.field == "num_speculative_tokens"
+
+
 def test_a_stale_lane_is_refused(drafter):
     drafter.open("s", PROMPT, GREEDY, "model", num_lanes=2)
     [refused] = drafter.propose_many([("s", [LaneProposal(1, len(PROMPT) + 2, [], 2)])])
