@@ -16,8 +16,9 @@ import grpc
 from opentelemetry.context import Context
 
 from coordinator.generation_state import GenerationState
+from coordinator.replica_errors import replica_error
 from coordinator.replicas import Replica
-from specdec.errors import DownstreamUnavailableError
+from specdec.errors import InvalidFieldError, ReplicaUnreachableError, SpecDecError
 from specdec.v1 import common_pb2, drafter_pb2, verifier_pb2
 from specdec.wire import sampling_to_proto
 
@@ -120,9 +121,9 @@ class ReplicaSessions:
         draft = self.draft
         try:
             return await call
-        except (DownstreamUnavailableError, grpc.aio.AioRpcError) as error:
-            if isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                raise  # the request itself is wrong (e.g. a draft method this drafter does not serve)
+        except InvalidFieldError:
+            raise  # the request itself is wrong (e.g. a draft method this drafter does not serve)
+        except (SpecDecError, grpc.aio.AioRpcError) as error:  # gone, lost the session, refused a call
             if self.draft is draft and draft is not None:
                 log.warning(
                     "request %s: drafter %s failed (%s); finishing by plain decoding",
@@ -132,17 +133,15 @@ class ReplicaSessions:
                 )
                 self.draft = None
                 self.state.stats.draft_fallbacks += 1
-                if isinstance(error, DownstreamUnavailableError) and self.on_draft_unavailable is not None:
+                if isinstance(error, ReplicaUnreachableError) and self.on_draft_unavailable is not None:
                     self.on_draft_unavailable(draft)
             return None
 
     async def call(self, replica: Replica, method: str, request):
-        """One internal call with a deadline; a replica that is gone becomes DownstreamUnavailableError."""
+        """One internal call with a deadline; a failure becomes the error that blames the right party
+        (coordinator/replica_errors.py)."""
         try:
             return await getattr(replica.stub, method)(request, timeout=self.timeout)
         except grpc.aio.AioRpcError as error:
-            if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise DownstreamUnavailableError(
-                    f"{replica.address} {method}: {error.code().name}: {error.details()}"
-                ) from error
-            raise
+            kind = "verify" if replica is self.verify else "draft"
+            raise replica_error(kind, replica.address, method, self.state.plan.request_id, error) from error

@@ -46,6 +46,19 @@ class DownstreamUnavailableError(SpecDecError):
     """A draft or verify replica needed for the request is gone (UNAVAILABLE)."""
 
 
+class ReplicaUnreachableError(DownstreamUnavailableError):
+    """A replica did not answer a call: gone, or past the call's deadline (UNAVAILABLE). Carries its address."""
+
+    def __init__(self, message: str, address: str):
+        super().__init__(message)
+        self.address = address
+
+
+class ReplicaFaultError(SpecDecError):
+    """A replica refused a call the coordinator built (out of sync, or a limit or setting the two disagree on):
+    not the client's doing (INTERNAL). The message names the replica and carries its answer."""
+
+
 class UnauthenticatedError(SpecDecError):
     """Missing or wrong credentials (UNAUTHENTICATED)."""
 

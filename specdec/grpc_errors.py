@@ -14,6 +14,7 @@ from specdec.errors import (
     CapacityError,
     DownstreamUnavailableError,
     InvalidFieldError,
+    ReplicaFaultError,
     RequestInProgressError,
     SessionExistsError,
     SessionNotFoundError,
@@ -36,7 +37,9 @@ STATUS_BY_ERROR: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
     (RequestInProgressError, grpc.StatusCode.ABORTED),
     (NonFiniteLogitsError, grpc.StatusCode.INTERNAL),
+    (ReplicaFaultError, grpc.StatusCode.INTERNAL),
 ]
+EXPLAINED_INTERNAL_ERRORS = (NonFiniteLogitsError, ReplicaFaultError)  # INTERNAL, logged without a traceback
 
 
 def status_for(error: BaseException) -> grpc.StatusCode:
@@ -57,7 +60,7 @@ def _message(error: BaseException) -> str:
 
 async def _abort(context: grpc.aio.ServicerContext, method: str, error: BaseException) -> None:
     code = status_for(error)
-    if code == grpc.StatusCode.INTERNAL and not isinstance(error, NonFiniteLogitsError):
+    if code == grpc.StatusCode.INTERNAL and not isinstance(error, EXPLAINED_INTERNAL_ERRORS):
         log.exception("%s failed unexpectedly", method, exc_info=error)
     else:
         log.warning("%s -> %s: %s", method, code.name, _message(error))
