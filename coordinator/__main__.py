@@ -16,7 +16,7 @@ from coordinator.servicer import CoordinatorServicer
 from coordinator.settings import CoordinatorSettings
 from specdec.cpu_affinity import pin_cpus
 from specdec.model_runtime import VocabularyIdentity, check_same_vocabulary, tokenizer_sha256
-from specdec.serving import configure_logging, start_server, wait_for_termination
+from specdec.serving import RunningServer, configure_logging, start_server, wait_for_termination
 from specdec.settings import parse_settings
 from specdec.telemetry import start_telemetry
 from specdec.tls import channel_credentials, server_credentials, server_name_options
@@ -84,6 +84,30 @@ async def build_servicer(settings: CoordinatorSettings) -> CoordinatorServicer:
     )
 
 
+def follow_verify_health(running: RunningServer, verify_pool: ReplicaPool) -> None:
+    """The coordinator's grpc.health.v1 status follows its verify replicas: NOT_SERVING while none is in placement
+    (every request would fail), SERVING again once one is back; a draining coordinator stays NOT_SERVING."""
+    updates: set[asyncio.Future] = set()
+
+    async def update() -> None:
+        if not running.stop_requested.is_set():
+            serving = verify_pool.any_healthy
+            await running.set_serving(serving)
+            log.log(
+                logging.INFO if serving else logging.WARNING,
+                "health: %s (%d of %d verify replicas healthy)",
+                "SERVING" if serving else "NOT_SERVING",
+                sum(r.healthy for r in verify_pool.replicas),
+                len(verify_pool.replicas),
+            )
+
+    def changed() -> None:
+        updates.add(task := asyncio.ensure_future(update()))
+        task.add_done_callback(updates.discard)
+
+    verify_pool.on_health_change = changed
+
+
 async def serve(settings: CoordinatorSettings) -> None:
     start_telemetry("coordinator", settings)
     credentials = server_credentials(settings)  # TLS on the client-facing port, if set (fails early on bad files)
@@ -95,6 +119,7 @@ async def serve(settings: CoordinatorSettings) -> None:
         interceptors=servicer.guard.interceptors(),
         credentials=credentials,
     )
+    follow_verify_health(running, servicer.verify_pool)
     print(f"coordinator listening on port {running.port}", flush=True)
     await wait_for_termination(running, settings.grace_s)
     await servicer.guard.close()

@@ -67,6 +67,7 @@ class ReplicaPool(Generic[StubT]):
         if not addresses:
             raise ValueError(f"{kind}_replicas: at least one address is needed")
         self.kind = kind
+        self.on_health_change: Callable[[], None] | None = None  # a replica left placement or came back
         self._probes: set[asyncio.Future] = set()
         self.replicas: list[Replica[StubT]] = []
         for address in expand_addresses(addresses):
@@ -85,14 +86,26 @@ class ReplicaPool(Generic[StubT]):
         replica.active_sessions += 1
         return replica
 
+    @property
+    def any_healthy(self) -> bool:
+        return any(r.healthy for r in self.replicas)
+
     def mark_unhealthy(self, replica: Replica[StubT], probe_interval_s: float = 1.0) -> None:
-        """Takes a replica out of placement and probes its health until it serves again."""
+        """Takes a replica out of placement (a call found it gone or past its deadline) and probes its health
+        until it serves again."""
         if not replica.healthy:
             return
         replica.healthy = False
         log.warning(
-            "%s replica %s marked unhealthy; probing it every %.0fs", self.kind, replica.address, probe_interval_s
+            "%s replica %s marked unhealthy; probing it every %.0fs (%d of %d healthy)",
+            self.kind,
+            replica.address,
+            probe_interval_s,
+            sum(r.healthy for r in self.replicas),
+            len(self.replicas),
         )
+        if self.on_health_change is not None:
+            self.on_health_change()
 
         async def probe() -> None:
             health = health_pb2_grpc.HealthStub(replica.channel)
@@ -104,6 +117,8 @@ class ReplicaPool(Generic[StubT]):
                 except grpc.aio.AioRpcError:
                     continue
             log.info("%s replica %s is healthy again", self.kind, replica.address)
+            if self.on_health_change is not None:
+                self.on_health_change()
 
         self._probes.add(task := asyncio.ensure_future(probe()))
         task.add_done_callback(self._probes.discard)

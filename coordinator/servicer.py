@@ -16,6 +16,7 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.speculation_gate import SpeculationGate
 from coordinator.speculation_policy import AcceptanceRate, RoundTimes
 from coordinator.validation import plan_request
+from specdec.errors import ReplicaUnreachableError
 from specdec.telemetry.metrics import speculation_metrics
 from specdec.v1 import coordinator_pb2, coordinator_pb2_grpc
 
@@ -128,6 +129,10 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                     generation.stats.total_ns = generation.elapsed_ns()
                     reply.stats.CopyFrom(stats_to_proto(generation.stats, plan))
                 yield reply
+        except ReplicaUnreachableError as error:
+            if error.address == verify.address:  # out of placement until its health check says SERVING
+                self.verify_pool.mark_unhealthy(verify)
+            raise
         finally:
             self.verify_pool.release(verify)
             if draft is not None:
