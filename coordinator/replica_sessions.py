@@ -15,6 +15,7 @@ from typing import TypeVar
 import grpc
 from opentelemetry.context import Context
 
+from coordinator.close_retry import retry_close_later
 from coordinator.generation_state import GenerationState
 from coordinator.replica_errors import replica_error
 from coordinator.replicas import Replica
@@ -109,11 +110,12 @@ class ReplicaSessions:
         for (replica, _), result in zip(replicas, results):
             if isinstance(result, Exception):
                 log.warning(
-                    "request %s: closing its session on %s failed: %s",
+                    "request %s: closing its session on %s failed: %s; retrying once in the background",
                     self.state.plan.request_id,
                     replica.address,
                     result,
                 )
+                retry_close_later(replica, self.state.plan.request_id, self.timeout)
 
     async def without_draft_on_failure(self, call: Awaitable[T]) -> T | None:
         """Runs a drafter call; if the drafter fails (gone, past its deadline, lost the session), the request

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 
@@ -95,8 +96,10 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         plan = plan_request(request, self.settings, self.tokenizer, self.vocab_size)
         async with self.guard.admit(request, plan) as guarded:  # coordinator/request_guard.py
             # the rounds run ahead of the journal and client writes of their chunks (coordinator/read_ahead.py)
-            async for reply in guarded.replies(read_ahead(self._generate(request, guarded, telemetry))):
-                yield reply
+            replies = guarded.replies(read_ahead(self._generate(request, guarded, telemetry)))
+            async with contextlib.aclosing(replies):
+                async for reply in replies:
+                    yield reply
 
     async def _generate(
         self, request: coordinator_pb2.GenerateRequest, guarded: GuardedRequest, telemetry: RequestTelemetry
@@ -118,17 +121,18 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             gate=self.gate,
         )
         try:
-            async for chunk in generation.chunks():
-                reply = coordinator_pb2.GenerateStreamResponse(
-                    text=chunk.text,
-                    token_ids=chunk.token_ids,
-                    finish_reason=FINISH_REASONS[chunk.finish_reason],
-                    request_id=plan.request_id,
-                )
-                if chunk.finish_reason and request.include_stats:
-                    generation.stats.total_ns = generation.elapsed_ns()
-                    reply.stats.CopyFrom(stats_to_proto(generation.stats, plan))
-                yield reply
+            async with contextlib.aclosing(generation.chunks()) as chunks:  # closes the sessions as soon as it ends
+                async for chunk in chunks:
+                    reply = coordinator_pb2.GenerateStreamResponse(
+                        text=chunk.text,
+                        token_ids=chunk.token_ids,
+                        finish_reason=FINISH_REASONS[chunk.finish_reason],
+                        request_id=plan.request_id,
+                    )
+                    if chunk.finish_reason and request.include_stats:
+                        generation.stats.total_ns = generation.elapsed_ns()
+                        reply.stats.CopyFrom(stats_to_proto(generation.stats, plan))
+                    yield reply
         except ReplicaUnreachableError as error:
             if error.address == verify.address:  # out of placement until its health check says SERVING
                 self.verify_pool.mark_unhealthy(verify)
@@ -148,18 +152,20 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         )
 
     async def GenerateStream(self, request, context) -> AsyncIterator[coordinator_pb2.GenerateStreamResponse]:
-        async for reply in self._run(request):
-            yield reply
+        async with contextlib.aclosing(self._run(request)) as replies:  # a cancelled stream cleans up at once
+            async for reply in replies:
+                yield reply
 
     async def Generate(self, request, context) -> coordinator_pb2.GenerateResponse:
         response = coordinator_pb2.GenerateResponse()
-        async for reply in self._run(request):
-            response.text += reply.text
-            response.token_ids.extend(reply.token_ids)
-            response.request_id = reply.request_id
-            response.finish_reason = reply.finish_reason
-            if reply.HasField("stats"):
-                response.stats.CopyFrom(reply.stats)
+        async with contextlib.aclosing(self._run(request)) as replies:
+            async for reply in replies:
+                response.text += reply.text
+                response.token_ids.extend(reply.token_ids)
+                response.request_id = reply.request_id
+                response.finish_reason = reply.finish_reason
+                if reply.HasField("stats"):
+                    response.stats.CopyFrom(reply.stats)
         return response
 
     async def Info(self, request, context) -> coordinator_pb2.CoordinatorInfo:

@@ -37,6 +37,7 @@ async def serve(settings: DraftSettings) -> None:
     service = build_service(settings)
     start_telemetry("draft", settings, service.sessions)
     servicer = DrafterServicer(service, observe_batch)
+    expiry = asyncio.ensure_future(servicer.expire_idle_sessions())
     try:
         running = await start_server(
             settings.address,
@@ -47,6 +48,7 @@ async def serve(settings: DraftSettings) -> None:
         print(f"draft service listening on port {running.port}", flush=True)
         await wait_for_termination(running, settings.grace_s)
     finally:
+        expiry.cancel()
         servicer.close()
 
 

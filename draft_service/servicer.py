@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from draft_service.service import MODEL, NGRAM, DraftService, LaneProposal, ProposeResult
+from specdec.session_store import expire_idle_sessions
 from specdec.step_batcher import StepBatcher
 from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 from specdec.wire import check_token_ids, probs_to_proto, sampling_from_proto
@@ -45,6 +46,13 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
     def close(self) -> None:
         """Ends the model thread once the server has stopped."""
         self._batcher.close()
+
+    async def expire_idle_sessions(self) -> None:
+        """Runs until cancelled: closes sessions idle past --session-idle-ttl-s (specdec/session_store.py)."""
+        service = self.service
+        await expire_idle_sessions(
+            service.sessions, service.settings.session_idle_ttl_s, service.close, self._batcher.run
+        )
 
     async def OpenSession(
         self, request: drafter_pb2.OpenDraftSessionRequest, context

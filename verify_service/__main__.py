@@ -38,6 +38,7 @@ async def serve(settings: VerifySettings) -> None:
         VerifyService(settings, model, ranks, observe_verify_pass), settings.tensor_parallel_size, observe_batch
     )
     start_telemetry("verify", settings, servicer.service.sessions)
+    expiry = asyncio.ensure_future(servicer.expire_idle_sessions())
     try:
         running = await start_server(
             settings.address,
@@ -51,6 +52,7 @@ async def serve(settings: VerifySettings) -> None:
         print(f"verify service listening on port {running.port}", flush=True)
         await wait_for_termination(running, settings.grace_s)
     finally:
+        expiry.cancel()
         servicer.close()
         if ranks is not None:
             ranks.close()

@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Callable
 
 from specdec.errors import DownstreamUnavailableError, InvalidFieldError
+from specdec.session_store import expire_idle_sessions
 from specdec.step_batcher import StepBatcher
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from specdec.wire import check_token_ids, follows_at_once, probs_from_proto, sampling_from_proto
@@ -86,6 +87,11 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         work.add_done_callback(lambda f: f.cancelled() or f.exception())  # a stuck step ends later, already reported
         ranks.raise_if_failed()
         raise DownstreamUnavailableError("tensor-parallel ranks unavailable")
+
+    async def expire_idle_sessions(self) -> None:
+        """Runs until cancelled: closes sessions idle past --session-idle-ttl-s (specdec/session_store.py)."""
+        service = self.service
+        await expire_idle_sessions(service.sessions, service.settings.session_idle_ttl_s, service.close, self._run)
 
     def close(self) -> None:
         """Ends the model thread once the server has stopped (without waiting for a step stuck on failed ranks)."""

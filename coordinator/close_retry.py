@@ -1,0 +1,41 @@
+"""A CloseSession that failed is tried once more in the background, so a transient failure leaks no session.
+
+If the second try fails too, the replica's own idle expiry (--session-idle-ttl-s) frees the session later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from coordinator.replicas import Replica
+from specdec.v1 import common_pb2
+
+log = logging.getLogger(__name__)
+CLOSE_RETRY_DELAY_S = 1.0  # a replica that was only slow or restarting gets this long before the second try
+_retries: set[asyncio.Future] = set()  # retries in flight (referenced until done)
+
+
+def retry_close_later(replica: Replica, session_id: str, timeout_s: float) -> asyncio.Future:
+    """Closes `session_id` on `replica` once more after CLOSE_RETRY_DELAY_S, logging the outcome."""
+
+    async def retry() -> None:
+        await asyncio.sleep(CLOSE_RETRY_DELAY_S)
+        try:
+            await replica.stub.CloseSession(common_pb2.CloseSessionRequest(session_id=session_id), timeout=timeout_s)
+        except grpc.aio.AioRpcError as error:
+            log.warning(
+                "session %s: closing it on %s failed again (%s: %s); the replica's --session-idle-ttl-s frees it",
+                session_id,
+                replica.address,
+                error.code().name,
+                error.details(),
+            )
+        else:
+            log.info("session %s: closed on %s at the second try", session_id, replica.address)
+
+    _retries.add(task := asyncio.ensure_future(retry()))
+    task.add_done_callback(_retries.discard)
+    return task
