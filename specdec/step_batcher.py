@@ -23,7 +23,9 @@ waits for the session's next call to run.
 A kind may also be *joining*: its step function runs a step of several model passes (a drafter's proposals,
 one pass per drafted position) and, between passes, takes in calls of that kind queued since (`JoiningStep.join`)
 and answers each call as soon as it is done (`JoiningStep.finish`). A call arriving while such a step runs then
-waits for one pass, not for the whole step.
+waits for one pass, not for the whole step. A call of any other kind (an open, a close) arriving meanwhile ends the
+intake: the step finishes the calls it holds (at most as many passes as one call needs) and the next drain serves
+that call, so near saturation opens and closes still wait a bounded number of passes, not until their deadline.
 """
 
 from __future__ import annotations
@@ -349,19 +351,18 @@ class StepBatcher:
 
     def _take_joining(self, kind: str, room: int, in_step: set[object]) -> list[_Call]:
         """Up to `room` calls of `kind` queued since, on sessions not in the step; every other call drained stays
-        for the next drain in its place, and a session's later calls stay behind it."""
+        for the next drain in its place, and a session's later calls stay behind it. Once a call of another kind
+        (an open, a one-off such as a close, a follow-up) waits, none joins any more: the step then ends within the
+        passes its calls still need, so a steady stream of joining calls cannot hold that call back."""
         joined: list[_Call] = []
         held_back = {call.session for call in self._carried}
+        admitting = all(call.kind == kind and call.choose is None for call in self._carried)
         for call in self._drain_queue():
             if call.future.cancelled():
                 continue
-            if (
-                len(joined) < room
-                and call.kind == kind
-                and call.choose is None
-                and call.session not in in_step
-                and call.session not in held_back
-            ):
+            joins_kind = call.kind == kind and call.choose is None
+            admitting = admitting and joins_kind
+            if admitting and len(joined) < room and call.session not in in_step and call.session not in held_back:
                 joined.append(call)
                 in_step.add(call.session)
             else:

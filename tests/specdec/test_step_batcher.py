@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -243,6 +244,7 @@ class PassCounter:
         self.passes: list[list[str]] = []
         self.release = threading.Event()
         self.holds = {0: self.release}
+        self.pass_s = 0.0  # how long each pass takes
 
     def __call__(self, step):
         left = {index: args[1] for index, args in enumerate(step.calls)}
@@ -250,6 +252,7 @@ class PassCounter:
             left.update((index, step.calls[index][1]) for index in step.join())
             if len(self.passes) in self.holds:
                 self.holds[len(self.passes)].wait(5)
+            time.sleep(self.pass_s)
             self.passes.append(sorted(step.calls[index][0] for index in left))
             for index in list(left):
                 left[index] -= 1
@@ -291,26 +294,85 @@ def test_calls_that_queue_during_a_joining_step_join_it_at_its_next_pass_and_lea
 
 def test_only_calls_of_the_kind_on_new_sessions_join_within_the_size_limit_and_the_rest_keep_their_order():
     counter, batcher, steps = joining_batcher(max_batch_size=3)
+
+    async def main():
+        first = batcher.submit("step", "first", 3)
+        await asyncio.sleep(0.05)
+        calls = [
+            batcher.submit("step", "first", 1),  # its session is in the step: next step
+            batcher.submit("step", "d", 1),
+            batcher.submit("step", "e", 1),  # join (3 calls in all)
+            batcher.submit("step", "f", 1),  # no room left: joins once d and e are done
+        ]
+        counter.release.set()
+        return await asyncio.gather(first, *calls)
+
+    assert run(main()) == [30, 10, 10, 10, 10]
+    batcher.close()
+    assert counter.passes == [["first"], ["d", "e", "first"], ["first"], ["f", "first"]]
+    assert steps == [("step", 3), ("step", 2)]
+
+
+def test_a_waiting_call_of_another_kind_ends_the_intake_and_keeps_its_place():
+    counter, batcher, steps = joining_batcher(max_batch_size=3)
     events = []
 
     async def main():
         first = batcher.submit("step", "first", 2)
         await asyncio.sleep(0.05)
         calls = [
-            batcher.submit("step", "first", 1),  # its session is in the step: next step
-            batcher.run(lambda session: events.append(f"closed {session}"), "c"),
-            batcher.submit("step", "c", 1),  # behind the one-off on its session: next step
+            batcher.submit("step", "b", 1),  # queued before the one-off: joins
+            batcher.run(lambda session: events.append(f"closed {session}"), "c"),  # from here on nothing joins
+            batcher.submit("step", "c", 1),
             batcher.submit("step", "d", 1),
-            batcher.submit("step", "e", 1),  # join (3 calls in all)
-            batcher.submit("step", "f", 1),
-        ]  # no room left: next step
+            batcher.submit("step", "e", 1),
+        ]
         counter.release.set()
         return await asyncio.gather(first, *calls)
 
-    assert run(main()) == [20, 10, None, 10, 10, 10, 10]
+    assert run(main()) == [20, 10, None, 10, 10, 10]
     batcher.close()
-    assert counter.passes == [["first"], ["d", "e", "first"], ["c", "f", "first"]]
-    assert events == ["closed c"] and steps == [("step", 3), ("step", 3)]
+    assert counter.passes == [["first"], ["b", "first"], ["c", "d", "e"]]
+    assert events == ["closed c"] and steps == [("step", 2), ("step", 3)]
+
+
+def test_near_saturation_opens_and_closes_wait_a_bounded_number_of_passes():
+    """A joining step kept busy by a steady stream of calls (one more per pass, each needing 3 passes): an open and
+    a close queued meanwhile are served within the passes the step's calls still need, not after the stream."""
+    passes_per_call, stream_length = 3, 120
+    counter = PassCounter()
+    counter.release.set()
+    counter.pass_s = 0.002  # each pass takes a moment, so the stream keeps arriving between passes
+    opened: list[str] = []
+    batcher = StepBatcher(
+        {"open": lambda calls: [opened.append(args[0]) or 0 for args in calls]},
+        max_batch_size=16,
+        name="test",
+        joining_fns={"step": counter},
+    )
+
+    async def main():
+        stream, waited = [], {}
+        for index in range(stream_length):  # one new call each pass
+            seen = len(counter.passes)
+            stream.append(batcher.submit("step", f"s{index}", passes_per_call))
+            if index == 10:
+                queued_at = len(counter.passes)
+                close = batcher.run(lambda session: opened.append(f"closed {session}"), "s0")
+                open_ = batcher.submit("open", "new")
+                close.add_done_callback(lambda _: waited.setdefault("close", len(counter.passes) - queued_at))
+                open_.add_done_callback(lambda _: waited.setdefault("open", len(counter.passes) - queued_at))
+            for _ in range(1000):
+                if len(counter.passes) > seen:
+                    break
+                await asyncio.sleep(0.001)
+        await asyncio.gather(*stream, close, open_)
+        return waited
+
+    waited = run(main())
+    batcher.close()
+    assert opened == ["closed s0", "new"]
+    assert waited["close"] <= passes_per_call + 1 and waited["open"] <= passes_per_call + 1, waited
 
 
 def test_batch_size_one_joins_nothing_and_a_failing_joining_step_fails_the_calls_it_had_not_answered():
