@@ -94,6 +94,7 @@ async def serve(settings: CoordinatorSettings) -> None:
         [coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name],
         interceptors=servicer.guard.interceptors(),
         credentials=credentials,
+        health_port=settings.health_port,
     )
     print(f"coordinator listening on port {running.port}", flush=True)
     await wait_for_termination(running, settings.grace_s)
