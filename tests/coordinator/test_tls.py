@@ -7,13 +7,15 @@ coordinators serve clients over TLS and over mutual TLS, and a third lacks its c
 from __future__ import annotations
 
 import concurrent.futures
+import subprocess
+import sys
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specdec.client import Client
-from specdec.local_stack import start_service
+from specdec.local_stack import REPO_ROOT, start_service
 from specdec.redis_server import free_port
 from specdec.tls import ServerTlsSettings, channel_credentials, server_credentials
 from specdec.v1 import common_pb2, coordinator_pb2_grpc, drafter_pb2_grpc, verifier_pb2_grpc
@@ -59,6 +61,18 @@ def refused(address: str, channel_credentials: grpc.ChannelCredentials | None) -
 def test_tls_port_serves_clients_that_trust_its_ca(coordinators, pki):
     with Client(coordinators["tls"].address, timeout_s=60, credentials=credentials(pki)) as client:
         assert len(client.generate([1, 2, 3], max_new_tokens=4).token_ids) == 4
+
+
+def test_the_command_line_client_speaks_tls(coordinators, pki):
+    generated = subprocess.run(
+        [sys.executable, "-m", "specdec", "generate", "--address", coordinators["tls"].address]
+        + ["--tls-ca", str(pki.ca.cert), "--max-new-tokens", "3", "1 2 3"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert generated.returncode == 0, generated.stderr
 
 
 def test_tls_port_refuses_plaintext_and_clients_of_another_ca(coordinators, pki):
