@@ -118,6 +118,7 @@ async def serve(settings: CoordinatorSettings) -> None:
         [coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name],
         interceptors=servicer.guard.interceptors(),
         credentials=credentials,
+        health_port=settings.health_port,
     )
     follow_verify_health(running, servicer.verify_pool)
     print(f"coordinator listening on port {running.port}", flush=True)

@@ -1,10 +1,13 @@
 """API keys for the client-facing API, stored hashed (SHA-256) in Redis, and the admin command line.
 
     python -m coordinator.api_keys add NAME --requests-per-minute 60 --tokens-per-minute 20000
+    python -m coordinator.api_keys add NAME --key-file /etc/specdec/api-keys/NAME
     python -m coordinator.api_keys revoke NAME
     python -m coordinator.api_keys list
 
-`add` prints the new key once; only its SHA-256 is stored. Clients send it as `authorization: Bearer KEY`
+`add` prints the new key once; only its SHA-256 is stored. With `--key-file` it stores the key that file holds
+(made elsewhere, e.g. a Kubernetes Secret) and prints nothing of it; adding the same key to the same name again
+only sets its limits, so a seeding job can run again. Clients send it as `authorization: Bearer KEY`
 metadata (`specdec.client.Client(address, api_key=KEY)`). The Redis URL comes from `--redis-url` or
 SPECDEC_REDIS_URL, the key prefix from `--redis-key-prefix` or SPECDEC_REDIS_KEY_PREFIX (as the coordinator's).
 """
@@ -25,6 +28,7 @@ import redis.asyncio
 from coordinator.redis_state import RedisKeys, connect_sync
 
 KEY_PREFIX = "sd-"
+MIN_GIVEN_KEY_CHARS = 24  # a key made elsewhere: at least ~128 bits when random URL-safe characters
 
 
 def hash_key(key: str) -> str:
@@ -69,23 +73,46 @@ def add_key(
     client: redis.Redis, keys: RedisKeys, name: str, requests_per_minute: int = 0, tokens_per_minute: int = 0
 ) -> str:
     """Creates a key for `name` (which must be new) and returns it; only its hash is stored."""
+    key = KEY_PREFIX + secrets.token_urlsafe(32)
+    store_key(client, keys, name, key, requests_per_minute, tokens_per_minute, replace_limits=False)
+    return key
+
+
+def store_key(
+    client: redis.Redis,
+    keys: RedisKeys,
+    name: str,
+    key: str,
+    requests_per_minute: int = 0,
+    tokens_per_minute: int = 0,
+    replace_limits: bool = True,
+) -> bool:
+    """Stores the hash of `key` for `name`; True when stored, False when `name` already had this very key (its
+    limits are then set anew if replace_limits, else ValueError). Another key of `name` is a ValueError."""
     if not name or any(c.isspace() for c in name):
         raise ValueError("name: must be non-empty without whitespace")
     if requests_per_minute < 0 or tokens_per_minute < 0:
         raise ValueError("limits must be >= 0 (0 = unlimited)")
-    key = KEY_PREFIX + secrets.token_urlsafe(32)
     key_id = hash_key(key)
+    limits = {"requests_per_minute": requests_per_minute, "tokens_per_minute": tokens_per_minute}
     if not client.hsetnx(keys.api_key_names(), name, key_id):
-        raise ValueError(f"name: {name!r} already has a key (revoke it first)")
-    client.hset(
-        keys.api_key(key_id),
-        mapping={
-            "name": name,
-            "requests_per_minute": requests_per_minute,
-            "tokens_per_minute": tokens_per_minute,
-            "created": int(time.time()),
-        },
-    )
+        if not replace_limits or client.hget(keys.api_key_names(), name) != key_id.encode():
+            raise ValueError(f"name: {name!r} already has a key (revoke it first)")
+        client.hset(keys.api_key(key_id), mapping=limits)
+        return False
+    client.hset(keys.api_key(key_id), mapping={"name": name, **limits, "created": int(time.time())})
+    return True
+
+
+def read_key_file(path: str) -> str:
+    """The key a file holds (surrounding whitespace dropped), or ValueError."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            key = file.read().strip()
+    except OSError as error:
+        raise ValueError(f"--key-file: cannot read {path!r}: {error.strerror}") from None
+    if len(key) < MIN_GIVEN_KEY_CHARS or any(c.isspace() for c in key):
+        raise ValueError(f"--key-file: {path!r} must hold one key of at least {MIN_GIVEN_KEY_CHARS} characters")
     return key
 
 
@@ -125,6 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     add.add_argument(
         "--tokens-per-minute", type=int, default=0, help="prompt + generated tokens per minute; 0 = unlimited"
     )
+    add.add_argument(
+        "--key-file",
+        help="store the key this file holds instead of making one (prints nothing; the same key "
+        "for the same name again only sets its limits)",
+    )
     revoke = commands.add_parser("revoke", help="delete a key at once")
     revoke.add_argument("name")
     commands.add_parser("list", help="names and limits (never the keys)")
@@ -133,7 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give --redis-url or set SPECDEC_REDIS_URL")
     client, keys = connect_sync(args.redis_url), RedisKeys(args.redis_key_prefix)
     try:
-        if args.command == "add":
+        if args.command == "add" and args.key_file:
+            key = read_key_file(args.key_file)
+            stored = store_key(client, keys, args.name, key, args.requests_per_minute, args.tokens_per_minute)
+            print(f"{args.name}: {'stored' if stored else 'already stored, limits set'}")
+        elif args.command == "add":
             print(add_key(client, keys, args.name, args.requests_per_minute, args.tokens_per_minute))
         elif args.command == "revoke":
             if not revoke_key(client, keys, args.name):

@@ -44,6 +44,7 @@ async def serve(settings: DraftSettings) -> None:
             lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
             [drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name],
             credentials=server_credentials(settings),
+            health_port=settings.health_port,
         )
         print(f"draft service listening on port {running.port}", flush=True)
         await wait_for_termination(running, settings.grace_s)

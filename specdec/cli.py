@@ -12,8 +12,11 @@ import argparse
 import contextlib
 import importlib
 import os
+import pathlib
 import sys
 import time
+
+import grpc
 
 from specdec.client import Client
 from specdec.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
@@ -92,7 +95,8 @@ def command_up(args: argparse.Namespace) -> None:
 
 
 def command_generate(args: argparse.Namespace) -> None:
-    with Client(args.address, api_key=args.api_key or None) as client:
+    credentials = grpc.ssl_channel_credentials(pathlib.Path(args.tls_ca).read_bytes()) if args.tls_ca else None
+    with Client(args.address, credentials=credentials, api_key=args.api_key or None) as client:
         print_response(
             client.generate(
                 args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature, include_stats=True
@@ -125,6 +129,7 @@ def main(argv: list[str] | None = None) -> None:
         default=os.environ.get("SPECDEC_API_KEY", ""),
         help="sent as 'authorization: Bearer KEY' [env SPECDEC_API_KEY]",
     )
+    generate.add_argument("--tls-ca", default="", help="PEM CA of the coordinator's certificate: connect with TLS")
     for sub in (up, generate):
         sub.add_argument("prompt", nargs="?", default=DEFAULT_PROMPT)
         sub.add_argument("--max-new-tokens", type=int, default=64)

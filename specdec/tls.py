@@ -1,7 +1,8 @@
 """TLS for every gRPC port and mutual TLS between services, from settings (PEM files).
 
 A server turns TLS on when it has a certificate and key (`--tls-cert`, `--tls-key`); with `--tls-client-ca`
-it also requires each client to present a certificate that CA signed (mutual TLS). The coordinator's
+it also requires each client to present a certificate that CA signed (mutual TLS); `--health-port` adds a
+plaintext port that answers health checks only (specdec/serving.py). The coordinator's
 channels to the draft and verify replicas use `--replica-tls-ca` (and `--replica-tls-cert/-key` for mTLS).
 """
 
@@ -26,6 +27,11 @@ class ServerTlsSettings:
         "",
         "PEM CA bundle: when set, every client must present a certificate signed by "
         "it (mutual TLS); needs tls_cert and tls_key",
+    )
+    health_port: int = setting(
+        0,
+        "port of a plaintext server that answers grpc.health.v1 and nothing else, for probes that cannot "
+        "speak TLS (kubelet's gRPC probes); 0 = off",
     )
 
 

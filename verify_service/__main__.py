@@ -45,6 +45,7 @@ async def serve(settings: VerifySettings) -> None:
             lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s),
             [verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name],
             credentials=server_credentials(settings),
+            health_port=settings.health_port,
         )
         if ranks is not None:
             loop = asyncio.get_running_loop()

@@ -21,7 +21,7 @@ from coordinator.api_keys import add_key
 from coordinator.redis_state import RedisKeys, connect_sync
 from specdec.client import Client
 from specdec.local_stack import ServiceProcess, start_service
-from specdec.redis_server import RedisServer
+from specdec.redis_server import RedisServer, free_port
 from specdec.settings import flag_name
 from specdec.v1 import common_pb2, drafter_pb2_grpc, verifier_pb2_grpc
 
@@ -54,6 +54,7 @@ class SecureReplicas:
     verify: ServiceProcess
     pki: Pki
     log_dir: pathlib.Path
+    health_ports: dict[str, int]  # the plaintext health-only port of "draft" and "verify"
 
     def coordinator_args(self, client_certificate: bool = True) -> list[str]:
         args = [
@@ -100,11 +101,16 @@ def secure_replicas(long_pair_dirs, pki, tmp_path_factory):
     target_dir, draft_dir = long_pair_dirs
     log_dir = tmp_path_factory.mktemp("secure_stack")
     tls = ["--tls-cert", str(pki.server.cert), "--tls-key", str(pki.server.key), "--tls-client-ca", str(pki.ca.cert)]
+    health = {"draft": free_port(), "verify": free_port()}  # plaintext health-only ports, as in Kubernetes
+
+    def start(name: str, module: str, model: pathlib.Path) -> ServiceProcess:
+        args = ["--model", str(model), *tls, "--health-port", str(health[name])]
+        return start_service(name, module, args, log_dir)
+
     draft, verify = in_parallel(
-        lambda: start_service("draft", "draft_service", ["--model", str(draft_dir), *tls], log_dir),
-        lambda: start_service("verify", "verify_service", ["--model", str(target_dir), *tls], log_dir),
+        lambda: start("draft", "draft_service", draft_dir), lambda: start("verify", "verify_service", target_dir)
     )
-    yield SecureReplicas(str(target_dir), draft, verify, pki, log_dir)
+    yield SecureReplicas(str(target_dir), draft, verify, pki, log_dir, health)
     draft.stop()
     verify.stop()
 

@@ -94,6 +94,26 @@ def test_admin_cli_adds_a_hashed_key_and_revokes_it_at_once(guarded):
         assert code == grpc.StatusCode.UNAUTHENTICATED
 
 
+def test_admin_cli_stores_a_key_from_a_file_again_and_again(guarded, tmp_path):
+    """What the Kubernetes seeding Job does (k8s/base/api-keys-seed.yaml): the key comes from a Secret's file,
+    nothing of it is printed, and running the Job again only sets the limits."""
+    key_file = tmp_path / "seeded-tenant"
+    key_file.write_text("sd-" + "k" * 40 + "\n")
+    key = "sd-" + "k" * 40
+    for limit in ("100", "7"):
+        added = run_admin(guarded, "add", "seeded-tenant", "--key-file", str(key_file), "--requests-per-minute", limit)
+        assert added.returncode == 0 and key not in added.stdout + added.stderr, added.stderr
+    assert "seeded-tenant\trequests/min=7\t" in run_admin(guarded, "list").stdout
+    with guarded.client(key) as client:
+        assert client.generate(PROMPT, max_new_tokens=2).token_ids
+    key_file.write_text("sd-" + "o" * 40)
+    other = run_admin(guarded, "add", "seeded-tenant", "--key-file", str(key_file))
+    assert other.returncode == 2 and "revoke it first" in other.stderr  # one key per name, still
+    key_file.write_text("short")
+    assert "at least 24 characters" in run_admin(guarded, "add", "short", "--key-file", str(key_file)).stderr
+    assert run_admin(guarded, "revoke", "seeded-tenant").returncode == 0
+
+
 def test_over_the_request_rate_is_resource_exhausted(guarded):
     limited, other = guarded.add_key(requests_per_minute=3), guarded.add_key(requests_per_minute=3)
     with guarded.client(limited) as client, guarded.client(other) as other_client:

@@ -7,21 +7,29 @@ coordinators serve clients over TLS and over mutual TLS, and a third lacks its c
 from __future__ import annotations
 
 import concurrent.futures
+import subprocess
+import sys
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specdec.client import Client
-from specdec.local_stack import start_service
+from specdec.local_stack import REPO_ROOT, start_service
+from specdec.redis_server import free_port
 from specdec.tls import ServerTlsSettings, channel_credentials, server_credentials
-from specdec.v1 import common_pb2, drafter_pb2_grpc, verifier_pb2_grpc
+from specdec.v1 import common_pb2, coordinator_pb2_grpc, drafter_pb2_grpc, verifier_pb2_grpc
+
+COORDINATOR_HEALTH_PORT = free_port()
 
 
 @pytest.fixture(scope="module")
 def coordinators(secure_replicas, pki):
     server = ["--tls-cert", str(pki.server.cert), "--tls-key", str(pki.server.key)]
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        tls = pool.submit(secure_replicas.start_coordinator, "coordinator-tls", *server)
+        tls = pool.submit(
+            secure_replicas.start_coordinator, "coordinator-tls", *server, "--health-port", str(COORDINATOR_HEALTH_PORT)
+        )
         mtls = pool.submit(
             secure_replicas.start_coordinator, "coordinator-mtls", *server, "--tls-client-ca", str(pki.ca.cert)
         )
@@ -55,6 +63,18 @@ def test_tls_port_serves_clients_that_trust_its_ca(coordinators, pki):
         assert len(client.generate([1, 2, 3], max_new_tokens=4).token_ids) == 4
 
 
+def test_the_command_line_client_speaks_tls(coordinators, pki):
+    generated = subprocess.run(
+        [sys.executable, "-m", "specdec", "generate", "--address", coordinators["tls"].address]
+        + ["--tls-ca", str(pki.ca.cert), "--max-new-tokens", "3", "1 2 3"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert generated.returncode == 0, generated.stderr
+
+
 def test_tls_port_refuses_plaintext_and_clients_of_another_ca(coordinators, pki):
     address = coordinators["tls"].address
     assert refused(address, None) == grpc.StatusCode.UNAVAILABLE
@@ -86,6 +106,33 @@ def test_replicas_speak_mutual_tls_only(secure_replicas, pki, service, stub_type
         grpc.secure_channel(address, credentials(pki, client=pki.rogue_client)),
     ):
         with channel, pytest.raises(grpc.RpcError) as raised:
+            stub_type(channel).Info(common_pb2.InfoRequest(), timeout=15)
+        assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize(
+    "service, stub_type",
+    [
+        ("coordinator", coordinator_pb2_grpc.CoordinatorStub),
+        ("draft", drafter_pb2_grpc.DrafterStub),
+        ("verify", verifier_pb2_grpc.VerifierStub),
+    ],
+)
+def test_health_port_answers_probes_in_plaintext_and_nothing_else(coordinators, secure_replicas, service, stub_type):
+    """What kubelet's gRPC probes (plaintext only) see of a TLS service: health on --health-port, and no API
+    in plaintext anywhere."""
+    if service == "coordinator":
+        tls_address, health_port = coordinators["tls"].address, COORDINATOR_HEALTH_PORT
+    else:
+        tls_address, health_port = getattr(secure_replicas, service).address, secure_replicas.health_ports[service]
+    with grpc.insecure_channel(f"127.0.0.1:{health_port}") as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=15)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.RpcError) as raised:
+            stub_type(channel).Info(common_pb2.InfoRequest(), timeout=15)
+        assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    with grpc.insecure_channel(tls_address) as channel:
+        with pytest.raises(grpc.RpcError) as raised:
             stub_type(channel).Info(common_pb2.InfoRequest(), timeout=15)
         assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
 

@@ -1,16 +1,20 @@
-"""The Kubernetes manifests: every overlay renders, every object passes strict schema validation, and every
-container's command, flags and SPECDEC_* variables are ones the services' real entry points accept, so the
-manifests cannot drift from the code."""
+"""The Kubernetes manifests: every overlay renders (alone, and the GPU ones with the optional monitoring
+component), every object passes strict schema validation, every container's command, flags and SPECDEC_*
+variables are ones the services' real entry points accept, and the wiring holds together: Secret and
+ConfigMap keys, plaintext health probes, TLS and API keys, the NetworkPolicies' flows, metrics and
+autoscaling, storage, disruption budgets and QoS. So the manifests cannot drift from the code."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import importlib.util
+import os
 import pathlib
 import shlex
 import shutil
 import subprocess
+import tempfile
 
 import kubernetes_validate
 import pytest
@@ -20,30 +24,70 @@ from coordinator.settings import CoordinatorSettings
 from draft_service.settings import DraftSettings
 from specdec.cli import SERVICE_MODULES
 from specdec.settings import env_name, parse_settings, settings_parser
+from specdec.telemetry.metrics import PREFIX
 from verify_service.settings import VerifySettings
 
-K8S_DIR = pathlib.Path(__file__).resolve().parents[2] / "k8s"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+K8S_DIR = ROOT / "k8s"
 OVERLAYS = sorted(path.parent.name for path in (K8S_DIR / "overlays").glob("*/kustomization.yaml"))
+MONITORING = "+monitoring"  # an overlay with k8s/components/monitoring added, as an operator would
+VARIANTS = [*OVERLAYS, *(overlay + MONITORING for overlay in OVERLAYS if overlay.startswith("gpu"))]
+_spec = importlib.util.spec_from_file_location("k8s_secrets", ROOT / "scripts" / "k8s_secrets.py")
+k8s_secrets = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(k8s_secrets)
+NAMESPACE = "specdec"
+# Checked by structure here, not by schema (kubernetes-validate knows no custom resources).
+CUSTOM_KINDS = ("RayCluster", "PodMonitor")
 # 1.30 is the oldest release the manifests target (preStop `sleep` on by default); the newest is current.
 KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 SETTINGS = {"coordinator": CoordinatorSettings, "draft_service": DraftSettings, "verify_service": VerifySettings}
 IMAGE = "specdec"  # the repository's Dockerfile; containers of other images (redis) run no service
 KUBERAY_CONTAINERS = ("ray-head", "ray-worker")  # Ray nodes; the head may also exec a service
+# Containers of the image that run a tool, not a service: (what their script runs, the module or repository
+# file it needs, the SPECDEC_* variables the tool reads; those are settings of the coordinator).
+TOOLS = {
+    "seed-api-keys": (
+        "python -m coordinator.api_keys add",
+        "coordinator.api_keys",
+        {"SPECDEC_REDIS_URL", "SPECDEC_REDIS_KEY_PREFIX"},
+    ),
+    "fetch-models": ("python /app/scripts/fetch_model.py", "scripts/fetch_model.py", set()),
+}
+IMAGE_WORKDIR = "/app"  # the Dockerfile's WORKDIR, where `COPY . .` puts the repository
 
 
-@functools.cache
-def render(overlay: str) -> tuple[dict, ...]:
+def kustomize(directory: pathlib.Path) -> str:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not installed: cannot run `kubectl kustomize` to render the overlays")
-    done = subprocess.run(
-        [kubectl, "kustomize", str(K8S_DIR / "overlays" / overlay)], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, f"kubectl kustomize {overlay} failed:\n{done.stderr}"
-    return tuple(obj for obj in yaml.safe_load_all(done.stdout) if obj)
+    done = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"kubectl kustomize {directory} failed:\n{done.stderr}"
+    return done.stdout
 
 
-@pytest.fixture(params=OVERLAYS)
+@functools.cache
+def render(variant: str) -> tuple[dict, ...]:
+    """The objects of an overlay; `NAME+monitoring` adds the monitoring component on top of overlay NAME."""
+    overlay, _, component = variant.partition("+")
+    if not component:
+        return tuple(obj for obj in yaml.safe_load_all(kustomize(K8S_DIR / "overlays" / overlay)) if obj)
+    with tempfile.TemporaryDirectory() as scratch:  # kustomize wants relative paths
+        relative = pathlib.Path(os.path.relpath(K8S_DIR, scratch))
+        (pathlib.Path(scratch) / "kustomization.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                    "kind": "Kustomization",
+                    "namespace": NAMESPACE,
+                    "resources": [str(relative / "overlays" / overlay)],
+                    "components": [str(relative / "components" / component)],
+                }
+            )
+        )
+        return tuple(obj for obj in yaml.safe_load_all(kustomize(pathlib.Path(scratch))) if obj)
+
+
+@pytest.fixture(params=VARIANTS)
 def overlay(request) -> str:
     return request.param
 
@@ -54,9 +98,14 @@ def pod_templates(obj: dict) -> list[tuple[str, dict]]:
     if obj["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
         return [(where, obj["spec"]["template"])]
     if obj["kind"] == "RayCluster":
-        return [
+        groups = [
             (f"{where} head", obj["spec"]["headGroupSpec"]["template"]),
             *((f"{where} {group['groupName']}", group["template"]) for group in obj["spec"]["workerGroupSpecs"]),
+        ]
+        ray_label = {"ray.io/cluster": obj["metadata"]["name"]}  # what KubeRay labels the pods with
+        return [
+            (w, {**t, "metadata": {**t["metadata"], "labels": {**t["metadata"]["labels"], **ray_label}}})
+            for w, t in groups
         ]
     return []
 
@@ -83,7 +132,7 @@ def final_argv(container: dict) -> list[str]:
 def service_of(container: dict) -> tuple[str, list[str]] | None:
     """(settings package, flags) of a container that runs one of the services, None for any other."""
     argv = final_argv(container)
-    if container["image"].split("@")[0].split(":")[0].rsplit("/", 1)[-1] != IMAGE:
+    if container["image"].split("@")[0].split(":")[0].rsplit("/", 1)[-1] != IMAGE or container["name"] in TOOLS:
         return None
     if container["name"] in KUBERAY_CONTAINERS and argv[:1] in ([], ["$KUBERAY_GEN_RAY_START_CMD"]):
         return None  # a Ray node only
@@ -102,9 +151,23 @@ def service_of(container: dict) -> tuple[str, list[str]] | None:
     return package, rest
 
 
+def secret_contract() -> list[dict]:
+    """The Secrets the manifests read, as scripts/k8s_secrets.py makes them (they are not in the render, so that
+    applying never overwrites them); a Secret of no fixed keys (specdec-api-keys) holds any client names."""
+    return [
+        {"kind": "Secret", "metadata": {"name": name}, "data": dict.fromkeys(keys, ""), "anyKeys": not keys}
+        for name, keys in k8s_secrets.SECRET_KEYS.items()
+    ]
+
+
+def with_secrets(objects) -> list[dict]:
+    return [*objects, *secret_contract()]
+
+
 def container_env(objects, container: dict) -> tuple[dict[str, str | None], list[str]]:
     """Every variable the container gets (value None when it comes from a secret or the downward API), and
-    the references to objects missing from the render."""
+    the references to objects missing from the render (or from the Secrets scripts/k8s_secrets.py makes)."""
+    objects = with_secrets(objects)
     env: dict[str, str | None] = {}
     missing = []
     for source in container.get("envFrom", []):
@@ -112,7 +175,8 @@ def container_env(objects, container: dict) -> tuple[dict[str, str | None], list
             if key in source:
                 obj = named(objects, kind, source[key]["name"])
                 if obj is None:
-                    missing.append(f"{kind} {source[key]['name']}")
+                    if not source[key].get("optional"):
+                        missing.append(f"{kind} {source[key]['name']}")
                     continue
                 data = {**obj.get("data", {}), **obj.get("stringData", {})}
                 if kind == "Secret":
@@ -155,6 +219,8 @@ def test_the_issue_overlays_exist():
 def test_every_object_passes_strict_validation(overlay, version):
     failures = []
     for obj in render(overlay):
+        if obj["kind"] == "PodMonitor":
+            continue  # test_metrics_are_declared_scraped_and_drive_the_draft_autoscaler checks it
         # A custom resource has no schema here: validate the pods it makes as Pods instead.
         checked = (
             [
@@ -188,6 +254,9 @@ def test_containers_run_real_entry_points_with_real_settings(overlay):
                 failures.append(f"{label}: {error}")
                 continue
             specdec_vars = sorted(name for name in env if name.startswith("SPECDEC_"))
+            if container["name"] in TOOLS:
+                failures += check_tool(label, container, specdec_vars)
+                continue
             if found is None:
                 failures += [f"{label}: runs no service but sets {name}" for name in specdec_vars]
                 continue
@@ -218,6 +287,27 @@ def test_containers_run_real_entry_points_with_real_settings(overlay):
                 failures.append(f"{label}: {cls.__name__} rejects the values: {error!r}")
     assert not failures, "\n".join(failures)
     assert seen == set(SETTINGS), f"{overlay} runs {sorted(seen)}, not every service"
+
+
+def check_tool(label: str, container: dict, specdec_vars: list[str]) -> list[str]:
+    """A tool container runs its command from the image, and reads only settings it knows."""
+    runs, needs, reads = TOOLS[container["name"]]
+    failures = []
+    if runs not in " ".join([*container.get("command", []), *container.get("args", [])]):
+        failures.append(f"{label}: does not run `{runs}`")
+    if needs.endswith(".py"):
+        ignored = (ROOT / ".dockerignore").read_text().split()
+        if not (ROOT / needs).is_file() or needs.split("/")[0] in ignored or f"{IMAGE_WORKDIR}/{needs}" not in runs:
+            failures.append(f"{label}: {needs} is not in the image at {IMAGE_WORKDIR}")
+    elif importlib.util.find_spec(needs) is None:
+        failures.append(f"{label}: no module {needs}")
+    coordinator_fields = {env_name(field.name) for field in dataclasses.fields(CoordinatorSettings)}
+    failures += [
+        f"{label}: {name} is not read by {needs} (or not a coordinator setting)"
+        for name in specdec_vars
+        if name not in reads or name not in coordinator_fields
+    ]
+    return failures
 
 
 def test_coordinator_replica_entries_name_headless_services_of_the_right_pods(overlay):
@@ -281,21 +371,31 @@ def test_pods_are_hardened_probed_and_sized(overlay):
     assert not failures, "\n".join(failures)
 
 
-def test_services_have_grpc_probes_and_drain_inside_the_grace_period(overlay):
+def test_probes_check_plaintext_health_ports_and_services_drain_inside_the_grace_period(overlay):
+    """Kubelet's gRPC probes speak plaintext only: each service has a health-only port (SPECDEC_HEALTH_PORT,
+    specdec/serving.py) apart from its TLS port, declares it, and every probe checks it."""
     failures = []
     for where, template, _, container, settings in services(render(overlay)):
         label = f"{where} container {container['name']}"
-        port = port_of(settings.address)
-        if port not in [p["containerPort"] for p in container.get("ports", [])]:
+        port, health = port_of(settings.address), settings.health_port
+        declared = {p["containerPort"]: p.get("name") for p in container.get("ports", [])}
+        if port not in declared:
             failures.append(f"{label}: serves on {port} but does not declare that containerPort")
+        if not health or health == port or declared.get(health) != "health":
+            failures.append(f"{label}: needs a plaintext health port apart from {port}, declared as `health`")
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            if container.get(probe, {}).get("grpc", {}).get("port") != port:
-                failures.append(f"{label}: {probe} must be a gRPC health check on port {port}")
+            if container.get(probe, {}).get("grpc", {}).get("port") != health:
+                failures.append(f"{label}: {probe} must be a gRPC health check on the health port {health}")
         startup = container.get("startupProbe", {})
         startup_s = startup.get("initialDelaySeconds", 0) + startup.get("periodSeconds", 10) * startup.get(
             "failureThreshold", 3
         )
-        waits_s = settings.startup_timeout_s if isinstance(settings, CoordinatorSettings) else 120
+        if isinstance(settings, CoordinatorSettings):
+            waits_s = settings.startup_timeout_s
+        elif isinstance(settings, VerifySettings) and settings.tensor_parallel_size > 1:
+            waits_s = settings.tp_start_timeout_s + 120  # the ranks' start, then rank 0's own set-up
+        else:
+            waits_s = 120
         if startup_s < waits_s:
             failures.append(f"{label}: startupProbe allows {startup_s}s, start-up may take {waits_s:.0f}s")
         pre_stop_s = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
@@ -336,22 +436,368 @@ def test_gpu_counts_match_tensor_parallel_size_and_pools_differ(overlay):
     assert not failures, "\n".join(failures)
 
 
-def test_only_the_coordinator_is_reachable_from_outside(overlay):
+def test_no_secret_is_shipped(overlay):
+    """Applying must never overwrite the real Secrets (scripts/k8s_secrets.py makes them)."""
+    assert not [o["metadata"]["name"] for o in render(overlay) if o["kind"] == "Secret"]
+
+
+def references(template: dict) -> list[tuple[str, str, str | None, bool]]:
+    """(kind, name, key or None for all of them, optional) for each ConfigMap or Secret a pod reads."""
+    found = []
+    spec = template["spec"]
+    for container in spec.get("initContainers", []) + spec["containers"]:
+        for source in container.get("envFrom", []):
+            for kind, field in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
+                if field in source:
+                    found.append((kind, source[field]["name"], None, bool(source[field].get("optional"))))
+        for var in container.get("env", []):
+            for kind, field in (("ConfigMap", "configMapKeyRef"), ("Secret", "secretKeyRef")):
+                ref = var.get("valueFrom", {}).get(field)
+                if ref:
+                    found.append((kind, ref["name"], ref["key"], bool(ref.get("optional"))))
+    for volume in spec.get("volumes", []):
+        for kind, field, name_field in (("ConfigMap", "configMap", "name"), ("Secret", "secret", "secretName")):
+            source = volume.get(field)
+            if source:
+                keys = [item["key"] for item in source.get("items", [])] or [None]
+                found += [(kind, source[name_field], key, bool(source.get("optional"))) for key in keys]
+    return found
+
+
+def mounted_files(template: dict, container: dict) -> dict[str, tuple[str, str]]:
+    """mountPath -> (kind, name) of each ConfigMap or Secret volume the container mounts."""
+    volumes = {v["name"]: v for v in template["spec"].get("volumes", [])}
+    mounts = {}
+    for mount in container.get("volumeMounts", []):
+        volume = volumes.get(mount["name"], {})
+        if "secret" in volume:
+            mounts[mount["mountPath"]] = ("Secret", volume["secret"]["secretName"])
+        elif "configMap" in volume:
+            mounts[mount["mountPath"]] = ("ConfigMap", volume["configMap"]["name"])
+    return mounts
+
+
+def test_every_configmap_and_secret_key_read_exists_and_every_one_shipped_is_read(overlay):
+    objects = with_secrets(render(overlay))
+    keys_of = {
+        (o["kind"], o["metadata"]["name"]): (set(o.get("data", {})) | set(o.get("stringData", {})), o.get("anyKeys"))
+        for o in objects
+        if o["kind"] in ("ConfigMap", "Secret")
+    }
+    failures, read = [], {kind_name: set() for kind_name in keys_of}
+    for where, template, _ in all_pods(objects):
+        for kind, name, key, optional in references(template):
+            if (kind, name) not in keys_of:
+                if not optional:
+                    failures.append(f"{where}: reads {kind} {name}, which neither the render nor k8s_secrets has")
+                continue
+            keys, any_keys = keys_of[kind, name]
+            if key is not None and key not in keys and not any_keys:
+                failures.append(f"{where}: reads key {key} of {kind} {name}, which has {sorted(keys)}")
+            read[kind, name] |= keys if key is None else {key}
+            read[kind, name].add(None)  # read at all
+        # A setting that names a file in a mounted ConfigMap or Secret names one of its keys.
+        for container in template["spec"]["containers"]:
+            env, _ = container_env(objects, container)
+            for mount_path, (kind, name) in mounted_files(template, container).items():
+                keys, any_keys = keys_of.get((kind, name), (set(), True))
+                for var, value in env.items():
+                    if value and value.startswith(mount_path + "/") and not any_keys:
+                        if value.removeprefix(mount_path + "/") not in keys:
+                            failures.append(f"{where}: {var}={value} is no key of the mounted {kind} {name}")
+    for (kind, name), (keys, _) in keys_of.items():
+        unread = sorted(keys - read[kind, name]) if None in read[kind, name] else ["(the whole object)"]
+        failures += [f"{kind} {name}: key {key} is shipped but no pod reads it" for key in unread]
+    assert not failures, "\n".join(failures)
+
+
+def test_tls_everywhere_api_keys_required_and_redis_from_its_secret(overlay):
+    objects = render(overlay)
+    failures, prefixes = [], set()
+    for where, _, _, container, settings in services(objects):
+        label = f"{where} container {container['name']}"
+        if not (settings.tls_cert and settings.tls_key):
+            failures.append(f"{label}: serves without TLS")
+        env = {var["name"]: var.get("valueFrom", {}) for var in container.get("env", [])}
+        if isinstance(settings, CoordinatorSettings):
+            if settings.tls_client_ca:
+                failures.append(f"{label}: clients authenticate with API keys, not certificates")
+            if not (settings.replica_tls_ca and settings.replica_tls_cert and settings.replica_tls_key):
+                failures.append(f"{label}: must speak mutual TLS to the replicas")
+            if settings.replica_tls_server_name not in k8s_secrets.dns_names(NAMESPACE, "cluster.local"):
+                failures.append(f"{label}: checks replicas against a name the certificate lacks")
+            if not settings.require_api_key:
+                failures.append(f"{label}: does not require API keys")
+            if env.get("SPECDEC_REDIS_URL", {}).get("secretKeyRef") != {"name": "specdec-redis", "key": "url"}:
+                failures.append(f"{label}: SPECDEC_REDIS_URL must come from Secret specdec-redis, key url")
+            prefixes.add(settings.redis_key_prefix)
+        elif not settings.tls_client_ca:
+            failures.append(f"{label}: must require client certificates (mutual TLS)")
+    seeders = [
+        (where, c) for where, t, _ in all_pods(objects) for c in t["spec"]["containers"] if c["name"] == "seed-api-keys"
+    ]
+    if len(seeders) != 1:
+        failures.append(f"one API-key seeding container expected, found {len(seeders)}")
+    for where, container in seeders:
+        env, _ = container_env(objects, container)
+        url = next(v for v in container["env"] if v["name"] == "SPECDEC_REDIS_URL")
+        if url.get("valueFrom", {}).get("secretKeyRef") != {"name": "specdec-redis", "key": "url"}:
+            failures.append(f"{where}: SPECDEC_REDIS_URL must come from Secret specdec-redis, key url")
+        prefix = env.get("SPECDEC_REDIS_KEY_PREFIX") or CoordinatorSettings().redis_key_prefix
+        if prefixes != {prefix}:
+            failures.append(f"{where}: seeds keys under {prefix!r}, the coordinators read {sorted(prefixes)}")
+    assert not failures, "\n".join(failures)
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    """A label selector (matchLabels, matchExpressions) against labels."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        value, operator = labels.get(expression["key"]), expression["operator"]
+        if (
+            (operator == "In" and value not in expression["values"])
+            or (operator == "NotIn" and value in expression.get("values", []))
+            or (operator == "Exists" and value is None)
+            or (operator == "DoesNotExist" and value is not None)
+        ):
+            return False
+    return True
+
+
+def admitted(policies, source: dict, target: dict, port: int) -> bool:
+    """Whether the NetworkPolicies let `source` ({namespace, labels}) reach `target` (a pod template in the
+    namespace) on TCP `port`."""
+    container_ports = {
+        p.get("name"): p["containerPort"] for c in target["spec"]["containers"] for p in c.get("ports", [])
+    }
+    isolating = [
+        p
+        for p in policies
+        if "Ingress" in p["spec"]["policyTypes"] and selects(p["spec"]["podSelector"], target["metadata"]["labels"])
+    ]
+    if not isolating:
+        return True
+    namespace_labels = {"kubernetes.io/metadata.name": source["namespace"]}
+    for policy in isolating:
+        for rule in policy["spec"].get("ingress", []):
+            ports = [container_ports.get(p["port"], p["port"]) for p in rule.get("ports", [])]
+            if ports and port not in ports:
+                continue
+            for peer in rule.get("from", [{}]):
+                assert "ipBlock" not in peer, f"{policy['metadata']['name']}: ipBlock peers are not modelled here"
+                in_namespace = (
+                    selects(peer["namespaceSelector"], namespace_labels)
+                    if "namespaceSelector" in peer
+                    else source["namespace"] == NAMESPACE or not peer
+                )
+                if in_namespace and selects(peer.get("podSelector", {}), source["labels"]):
+                    return True
+    return False
+
+
+def role(labels: dict) -> str:
+    return labels.get("app.kubernetes.io/component", "?")
+
+
+# Who must reach what, by component (or namespace) and container port; nothing else may.
+FLOWS = {
+    ("anyone", "coordinator", 50051),
+    ("coordinator", "draft", 50061),
+    ("coordinator", "verify", 50062),
+    ("coordinator", "redis", 6379),
+    ("api-keys-seed", "redis", 6379),
+    *(("monitoring", service, 9090) for service in ("coordinator", "draft", "verify")),
+}
+
+
+def expected_flow(source: dict, target: dict, port: int) -> bool:
+    if {"ray.io/cluster"} <= source["labels"].keys() & target["metadata"]["labels"].keys():
+        return True  # the Ray head and rank pods of one cluster talk on many ports (GCS, raylets, NCCL)
+    name = source["namespace"] if source["namespace"] != NAMESPACE else role(source["labels"])
+    return ("anyone", role(target["metadata"]["labels"]), port) in FLOWS or (
+        name,
+        role(target["metadata"]["labels"]),
+        port,
+    ) in FLOWS
+
+
+def test_network_policies_admit_the_flows_the_services_make_and_no_others(overlay):
     objects = render(overlay)
     policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
-    assert any(
-        p["spec"]["podSelector"] == {} and "Ingress" in p["spec"]["policyTypes"] and not p["spec"].get("ingress")
-        for p in policies
-    ), "no default-deny ingress NetworkPolicy"
+    assert any(p["spec"]["podSelector"] == {} and not p["spec"].get("ingress") for p in policies), "no default deny"
+    pods = [(where, template) for where, template, _ in all_pods(objects)]
+    sources = [
+        *({"namespace": NAMESPACE, "labels": template["metadata"]["labels"]} for _, template in pods),
+        {"namespace": "monitoring", "labels": {"app.kubernetes.io/name": "prometheus"}},
+        {"namespace": "apps", "labels": {"app": "client"}},
+    ]
+    failures, seen = [], set()
+    for where, target in pods:
+        for port in {p["containerPort"] for c in target["spec"]["containers"] for p in c.get("ports", [])}:
+            for source in sources:
+                allowed, expected = admitted(policies, source, target, port), expected_flow(source, target, port)
+                who = f"{source['namespace']}/{role(source['labels'])}"
+                if allowed != expected:
+                    failures.append(f"{who} -> {where}:{port} is {'admitted' if allowed else 'refused'}")
+                if allowed:
+                    seen.add(
+                        (
+                            source["namespace"] if source["namespace"] != NAMESPACE else role(source["labels"]),
+                            role(target["metadata"]["labels"]),
+                            port,
+                        )
+                    )
+    missing = {flow for flow in FLOWS if flow[0] != "anyone"} - seen
+    failures += [f"no pods for the flow {flow}" for flow in sorted(missing)]
+    assert not failures, "\n".join(failures)
+
+
+def workload_replicas(objects, obj: dict) -> int:
+    """A workload's replicas: its HPA's minimum when one owns it."""
+    hpa = next(
+        (
+            o
+            for o in objects
+            if o["kind"] == "HorizontalPodAutoscaler" and o["spec"]["scaleTargetRef"]["name"] == obj["metadata"]["name"]
+        ),
+        None,
+    )
+    return hpa["spec"]["minReplicas"] if hpa else obj["spec"].get("replicas", 1)
+
+
+def test_disruption_budgets_protect_a_pod_and_let_one_go(overlay):
+    """Each budget of a Deployment or StatefulSet keeps one pod serving and lets a drain take one; a
+    RayCluster's (one TP group) allows none, on purpose: a group missing a rank cannot serve."""
+    objects = render(overlay)
     failures = []
-    for policy in policies:
-        selected = policy["spec"]["podSelector"].get("matchLabels", {})
-        for rule in policy["spec"].get("ingress", []):
-            sources = rule.get("from", [])
-            opens_to_all = not sources or any(set(s) - {"podSelector"} for s in sources)
-            if opens_to_all and selected.get("app.kubernetes.io/component") != "coordinator":
-                failures.append(
-                    f"NetworkPolicy/{policy['metadata']['name']} admits traffic from outside the "
-                    f"namespace to {selected or 'every pod'}"
-                )
+    for pdb in (o for o in objects if o["kind"] == "PodDisruptionBudget"):
+        owners = [
+            (where, owner)
+            for where, t, owner in all_pods(objects)
+            if selects(pdb["spec"]["selector"], t["metadata"]["labels"])
+        ]
+        if not owners:
+            failures.append(f"PodDisruptionBudget/{pdb['metadata']['name']} selects no pods")
+        for where, owner in owners:
+            if owner["kind"] == "RayCluster":
+                if pdb["spec"].get("maxUnavailable") != 0:
+                    failures.append(f"{where}: a TP group must not lose a rank to a drain")
+                continue
+            replicas = workload_replicas(objects, owner)
+            allowed = pdb["spec"].get("maxUnavailable", replicas - pdb["spec"].get("minAvailable", 0))
+            if not 1 <= allowed < replicas:
+                failures.append(f"{where}: {replicas} replicas, a budget allowing {allowed} down protects nothing")
+    assert not failures, "\n".join(failures)
+
+
+def test_gpu_pods_are_guaranteed_qos(overlay):
+    failures = []
+    for where, template, _ in all_pods(render(overlay)):
+        spec = template["spec"]
+        containers = spec.get("initContainers", []) + spec["containers"]
+        if not any("nvidia.com/gpu" in c.get("resources", {}).get("limits", {}) for c in containers):
+            continue
+        for container in containers:
+            resources = container.get("resources", {})
+            for kind in ("cpu", "memory"):
+                if resources.get("requests", {}).get(kind) != resources.get("limits", {}).get(kind):
+                    failures.append(f"{where} container {container['name']}: {kind} requests != limits")
+    assert not failures, "\n".join(failures)
+
+
+def test_model_volume_binds_and_is_filled_by_a_job(overlay):
+    """Claims name a storage class (none binds where the cluster has no default), the models volume is
+    shared read-write for the fetch Job and read-only for every pod that serves from it."""
+    objects = render(overlay)
+    claims = [
+        (f"PersistentVolumeClaim/{o['metadata']['name']}", o["spec"])
+        for o in objects
+        if o["kind"] == "PersistentVolumeClaim"
+    ]
+    claims += [
+        (f"StatefulSet/{o['metadata']['name']} claim {c['metadata']['name']}", c["spec"])
+        for o in objects
+        if o["kind"] == "StatefulSet"
+        for c in o["spec"].get("volumeClaimTemplates", [])
+    ]
+    failures = []
+    if not overlay.startswith("gpu"):  # cpu-demo: the models are in the image; the laptop's default class
+        assert not any(name.startswith("PersistentVolumeClaim/specdec-models") for name, _ in claims)
+        return
+    failures += [f"{name}: no storageClassName" for name, spec in claims if not spec.get("storageClassName")]
+    models = named(objects, "PersistentVolumeClaim", "specdec-models")
+    assert models is not None and "ReadWriteMany" in models["spec"]["accessModes"], "specdec-models must be RWX"
+    writers = []
+    for where, template, _ in all_pods(objects):
+        volumes = [
+            v["name"]
+            for v in template["spec"].get("volumes", [])
+            if v.get("persistentVolumeClaim", {}).get("claimName") == "specdec-models"
+        ]
+        for container in template["spec"]["containers"]:
+            for mount in (m for m in container.get("volumeMounts", []) if m["name"] in volumes):
+                if not mount.get("readOnly"):
+                    writers.append(f"{where} container {container['name']}")
+    if writers != ["Job/specdec-models-fetch container fetch-models"]:
+        failures.append(f"only the fetch Job may write the models volume, writers: {writers}")
+    fetch = named(
+        objects,
+        "ConfigMap",
+        next(o["metadata"]["name"] for o in objects if o["metadata"]["name"].startswith("specdec-models-")),
+    )
+    if not {"TARGET_MODEL_URI", "DRAFT_MODEL_URI"} <= set(fetch["data"]):
+        failures.append("the models ConfigMap needs TARGET_MODEL_URI and DRAFT_MODEL_URI")
+    assert not failures, "\n".join(failures)
+
+
+def test_metrics_are_declared_scraped_and_drive_the_draft_autoscaler(overlay):
+    """Every service serves /metrics on a declared port named `metrics`, annotated for annotation-based
+    scraping; with the monitoring component a PodMonitor scrapes that port and the draft HPA scales on
+    specdec_active_sessions through the prometheus-adapter rule shipped beside it (CPU as the second
+    metric); without it the HPAs use CPU alone (no adapter: a Pods metric would block every scale-down)."""
+    objects = render(overlay)
+    failures, service_pods, max_sessions = [], [], {}
+    for where, template, _, container, settings in services(objects):
+        service_pods.append((where, template))
+        metrics_port = settings.metrics_port
+        declared = {p["containerPort"]: p.get("name") for p in container.get("ports", [])}
+        annotations = template["metadata"].get("annotations", {})
+        if not metrics_port or declared.get(metrics_port) != "metrics":
+            failures.append(f"{where}: SPECDEC_METRICS_PORT {metrics_port} is not a declared port named metrics")
+        if (
+            annotations.get("prometheus.io/port") != str(metrics_port)
+            or annotations.get("prometheus.io/scrape") != "true"
+        ):
+            failures.append(f"{where}: prometheus.io annotations do not point at port {metrics_port}")
+        if isinstance(settings, DraftSettings):
+            max_sessions[where] = settings.max_sessions
+    hpa = named(objects, "HorizontalPodAutoscaler", "specdec-draft")
+    kinds = {m["type"]: m for m in hpa["spec"]["metrics"]}
+    monitors = [o for o in objects if o["kind"] == "PodMonitor"]
+    if not overlay.endswith(MONITORING):
+        assert not monitors and set(kinds) == {"Resource"}, f"{overlay}: custom metrics need the component"
+        assert not failures, "\n".join(failures)
+        return
+    for monitor in monitors:
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        ports = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
+        scraped = [(w, t) for w, t in service_pods if selects(monitor["spec"]["selector"], t["metadata"]["labels"])]
+        if len(scraped) != len(service_pods):
+            failures.append(f"PodMonitor/{monitor['metadata']['name']} misses service pods")
+        for where, template in scraped:
+            names = {p.get("name") for c in template["spec"]["containers"] for p in c.get("ports", [])}
+            failures += [f"PodMonitor: {where} has no port named {port}" for port in ports - names]
+    adapter = yaml.safe_load((K8S_DIR / "components" / "monitoring" / "prometheus-adapter-values.yaml").read_text())
+    rule = adapter["rules"]["custom"][0]
+    metric = kinds.get("Pods", {}).get("pods", {})
+    if metric.get("metric", {}).get("name") != rule["name"]["as"] or "Resource" not in kinds:
+        failures.append(f"draft HPA must scale on {rule['name']['as']} (Pods) and CPU (Resource): {list(kinds)}")
+    series = rule["seriesQuery"].split("{")[0]
+    if f'PREFIX + "{series.removeprefix(PREFIX)}"' not in (ROOT / "specdec" / "telemetry" / "metrics.py").read_text():
+        failures.append(f"the adapter reads {series}, which specdec/telemetry/metrics.py does not export")
+    target = float(metric.get("target", {}).get("averageValue", "inf"))
+    failures += [
+        f"{where}: HPA target {target} sessions >= max_sessions {n}" for where, n in max_sessions.items() if target >= n
+    ]
     assert not failures, "\n".join(failures)
