@@ -19,7 +19,7 @@ from coordinator.generation_state import GenerationState
 from coordinator.replicas import Replica
 from specdec.errors import DownstreamUnavailableError
 from specdec.v1 import common_pb2, drafter_pb2, verifier_pb2
-from specdec.wire import sampling_to_proto
+from specdec.wire import SAMPLING_RULE_ENUMS, sampling_to_proto
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -48,7 +48,7 @@ class ReplicaSessions:
         """Opens the session on both replicas (prefilling the prompt), the drafter's only if speculating."""
         state, plan = self.state, self.state.plan
         started = time.perf_counter_ns()
-        sampling = sampling_to_proto(plan.params)
+        sampling, rule = sampling_to_proto(plan.params), SAMPLING_RULE_ENUMS[plan.params.rule]
         with state.telemetry.stage("open_sessions") as parent:
             calls = [
                 self._open(
@@ -56,7 +56,10 @@ class ReplicaSessions:
                     "verify",
                     parent,
                     verifier_pb2.OpenVerifySessionRequest(
-                        session_id=plan.request_id, prompt_token_ids=plan.prompt_ids, sampling=sampling
+                        session_id=plan.request_id,
+                        prompt_token_ids=plan.prompt_ids,
+                        sampling=sampling,
+                        sampling_rule=rule,
                     ),
                 )
             ]
@@ -73,6 +76,7 @@ class ReplicaSessions:
                                 sampling=sampling,
                                 draft_method=plan.draft_method,
                                 num_lanes=len(state.lanes),
+                                sampling_rule=rule,
                             ),
                         )
                     )

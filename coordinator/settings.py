@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from specdec.cpu_affinity import CpuAffinitySettings
 from specdec.embedded_pair import DEMO_TARGET_DIR
+from specdec.sampling import SamplingRule
 from specdec.settings import setting
 from specdec.tls import ServerTlsSettings
 
@@ -54,6 +55,14 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
         "speculating, measure committed tokens/s in epochs with speculation and "
         "epochs of plain rounds at each load, and keep the faster way",
     )
+    unseeded_sampling_rule: str = setting(
+        "rejection",
+        "how sampled requests without a seed are judged: 'rejection' (accept x with probability "
+        "min(1, p(x)/q(x)); the draft sends its q) or 'coupled' (Gumbel-max coupling: the draft and "
+        "the target share each position's noise, no q is sent, and rejections become guessable for "
+        "pre-drafting). A request that sets a seed always gets 'coupled', so its tokens are a "
+        "function of prompt, settings and seed alone",
+    )
     call_timeout_s: float = setting(30.0, "deadline of each internal call")
     startup_timeout_s: float = setting(300.0, "how long to wait for the replicas to come up")
     grace_s: float = setting(10.0, "seconds in-flight requests get to finish after SIGTERM")
@@ -99,3 +108,14 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
     )
     trace_sample_ratio: float = setting(1.0, "share of new traces recorded (parent-based: callers' choice wins)")
     log_level: str = setting("INFO", "logging level")
+
+    @property
+    def unseeded_rule(self) -> SamplingRule:
+        """unseeded_sampling_rule as a SamplingRule; ValueError naming the setting when it is neither rule."""
+        try:
+            return SamplingRule(self.unseeded_sampling_rule)
+        except ValueError:
+            raise ValueError(
+                f"unseeded_sampling_rule must be one of {[rule.value for rule in SamplingRule]}, "
+                f"got {self.unseeded_sampling_rule!r}"
+            ) from None

@@ -214,10 +214,10 @@ class DraftService:
         answered: list[ProposeResult | None] = []
         jobs: list[tuple[int, ModelDraftSession, LaneProposal]] = []
         for slot, proposal in enumerate(proposals):
-            if proposal.num_tokens > self.settings.max_speculative_tokens:
+            limit = self.settings.max_speculative_tokens + 1  # a pre-draft's bonus guess, then a block of the limit
+            if proposal.num_tokens > limit:
                 raise InvalidFieldError(
-                    "num_speculative_tokens",
-                    f"{proposal.num_tokens} exceeds this drafter's limit of {self.settings.max_speculative_tokens}",
+                    "num_speculative_tokens", f"{proposal.num_tokens} exceeds this drafter's limit of {limit}"
                 )
             if proposal.num_alternatives > self.settings.max_alternatives:
                 raise InvalidFieldError(

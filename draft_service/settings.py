@@ -27,7 +27,11 @@ class DraftSettings(ServerTlsSettings, StepBatchingSettings, CpuAffinitySettings
         "(specdec/ragged_attention.py; built on first start) instead of SDPA",
     )
     max_sessions: int = setting(256, "most sessions held at once; more are refused with RESOURCE_EXHAUSTED")
-    max_speculative_tokens: int = setting(16, "largest num_speculative_tokens a Propose may ask for")
+    max_speculative_tokens: int = setting(
+        16,
+        "largest block a Propose may draft; it may ask for one token more, since a pre-draft under "
+        "'all accepted' drafts its guess of the bonus token first",
+    )
     max_lanes: int = setting(16, "most lanes one session may hold (a coordinator's pre-draft guesses)")
     join_running_step: bool = setting(
         True,
