@@ -4,7 +4,9 @@
     python -m benchmarks.sampling_rules --quick    # 2 prompts x 16 tokens, concurrency 4, to a temp folder
 
 One LocalStack (draft and verify service, one thread each) and one coordinator per mode on those same replicas,
-all overlapped with a fixed γ (--no-adaptive-gamma: α compares the rules, not the policy's choices):
+all as deployed (overlapped, chained, adaptive γ and the gate on: the policy drafts as many pre-draft guesses as
+the measured pass costs say fit inside a verification, and may choose plain rounds under load), requests asking
+for γ 4 (--fixed-gamma: always γ 4 and every guess):
 
 - `rejection`: --unseeded-sampling-rule rejection, the rule of unseeded requests before the coupled rule existed:
   accept x with probability min(1, p(x)/q(x)); the draft sends q; pre-drafts guess only "all accepted";
@@ -40,7 +42,14 @@ MODES = {  # mode -> its coordinator's extra flags
     "coupled": ["--unseeded-sampling-rule", "coupled"],
 }
 TEMPERATURES = (0.7, 1.0)
-HEADLINE = ("acceptance_rate", "tokens_per_s", "predraft_hit_rate", "wire_bytes_per_round")
+HEADLINE = (
+    "acceptance_rate",
+    "tokens_per_s",
+    "predraft_hit_rate",
+    "wire_bytes_per_round",
+    "guesses_per_predraft",
+    "drafted_per_round",
+)
 
 
 def measure(
@@ -64,7 +73,7 @@ def measure(
     return figures
 
 
-def start_coordinators(stack: LocalStack, gamma: int) -> dict[str, object]:
+def start_coordinators(stack: LocalStack, gamma: int, adaptive: bool) -> dict[str, object]:
     """One coordinator per mode on the stack's replicas."""
     common = [
         "--tokenizer",
@@ -74,7 +83,7 @@ def start_coordinators(stack: LocalStack, gamma: int) -> dict[str, object]:
         "--verify-replicas",
         stack.services["verify"].address,
         "--overlap",
-        "--no-adaptive-gamma",
+        "--adaptive-gamma" if adaptive else "--no-adaptive-gamma",
         "--default-num-speculative-tokens",
         str(gamma),
     ]
@@ -89,13 +98,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--target", default=str(DEMO_TARGET_DIR))
     parser.add_argument("--draft", default=str(DEMO_DRAFT_DIR))
     parser.add_argument("--prompt-set", default="code", help="load_tests prompt set (words: the tiny test models)")
-    parser.add_argument("--prompts", type=int, default=4, help="prompts of a batch-1 measurement")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts of a batch-1 measurement")
     parser.add_argument("--concurrency", type=int, default=16, help="requests at once in the concurrent measurement")
     parser.add_argument(
         "--concurrent-requests", type=int, default=32, help="requests of a concurrent measurement (its prompts)"
     )
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument(
+        "--fixed-gamma", action="store_true", help="coordinators with --no-adaptive-gamma: always γ and every guess"
+    )
     parser.add_argument("--threads", type=int, default=1, help="--threads of the draft and of the verify service")
     parser.add_argument("--quick", action="store_true", help="2 prompts x 16 tokens, concurrency 4, to a temp folder")
     parser.add_argument("--out-dir", type=pathlib.Path, default=None)
@@ -113,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     results: dict[str, dict[str, dict[str, dict]]] = {}  # temperature -> level -> mode -> figures
     with LocalStack(args.target, args.draft, draft_args=service_args, verify_args=service_args) as stack:
-        coordinators = start_coordinators(stack, args.gamma)
+        coordinators = start_coordinators(stack, args.gamma, adaptive=not args.fixed_gamma)
         clients = {mode: Client(service.address, timeout_s=600) for mode, service in coordinators.items()}
         try:
             for client in clients.values():  # warm-up, unmeasured
@@ -135,6 +147,8 @@ def main(argv: list[str] | None = None) -> dict:
                         print(
                             f"  {label} {level} {mode:>18}: α {figures['acceptance_rate']}, "
                             f"{figures['tokens_per_s']:.1f} tok/s, hit rate {figures['predraft_hit_rate']}, "
+                            f"{figures['guesses_per_predraft']} guesses/pre-draft, "
+                            f"{figures['drafted_per_round']} drafted/round, "
                             f"{figures['wire_bytes_per_round']} B/round ({time.perf_counter() - started:.0f}s)",
                             flush=True,
                         )
@@ -147,12 +161,13 @@ def main(argv: list[str] | None = None) -> dict:
     report = {
         "benchmark": "sampling_rules",
         "what": "the rejection rule vs the coupled rule (Gumbel-max coupling) for unseeded sampled requests, "
-        "overlapped, fixed γ, at batch 1 and at concurrency N: α, tokens/s, pre-draft hit rate, wire bytes per round",
+        "overlapped, γ 4 asked, at batch 1 and at concurrency N: α, tokens/s, pre-draft hit rate, wire bytes per round",
         "target": args.target,
         "draft": args.draft,
         "prompt_set": args.prompt_set,
         "max_new_tokens": args.max_new_tokens,
         "gamma": args.gamma,
+        "adaptive_gamma": not args.fixed_gamma,
         "modes": {mode: " ".join(flags) for mode, flags in MODES.items()},
         "levels": {level: {"concurrency": c, "requests": len(p)} for level, (c, p) in levels.items()},
         "service_threads": {"draft": args.threads, "verify": args.threads},

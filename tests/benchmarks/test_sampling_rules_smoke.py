@@ -24,9 +24,9 @@ def test_quick_run_reports_every_rule_at_every_temperature_and_concurrency(tiny_
             assert set(by_mode) == set(sampling_rules.MODES)
             for figures in by_mode.values():
                 assert set(figures) == set(sampling_rules.HEADLINE)
-                assert 0 <= figures["acceptance_rate"] <= 1 and figures["tokens_per_s"] > 0
-                assert figures["predraft_hit_rate"] is None or 0 <= figures["predraft_hit_rate"] <= 1
-                assert figures["wire_bytes_per_round"] > 0
+                assert figures["tokens_per_s"] > 0 and figures["wire_bytes_per_round"] > 0
+                for rate in ("acceptance_rate", "predraft_hit_rate"):  # None: nothing drafted, or no pre-draft
+                    assert figures[rate] is None or 0 <= figures[rate] <= 1
     for by_level in report["results"].values():
         for level, by_mode in by_level.items():
             assert all(figures["requests"] == report["levels"][level]["requests"] for figures in by_mode.values())
