@@ -40,6 +40,7 @@ class RequestRun:
     draft_ns: int
     verify_ns: int
     predraft_guesses: int = 0
+    wire_bytes: int = 0
 
     @property
     def hit_rate(self) -> float | None:
@@ -63,6 +64,7 @@ def timed_generate(client: Client, prompt: str | Sequence[int], **kwargs) -> Req
         stats.draft_ns,
         stats.verify_ns,
         stats.predraft_guesses,
+        stats.wire_bytes,
     )
 
 
@@ -93,6 +95,7 @@ def totals(runs: Iterable[RequestRun]) -> dict:
         "guesses_per_predraft": round(sum(r.predraft_guesses for r in runs) / attempts, 3) if attempts else None,
         "draft_ms_per_round": round(sum(r.draft_ns for r in runs) / rounds / 1e6, 3) if rounds else None,
         "verify_ms_per_round": round(sum(r.verify_ns for r in runs) / rounds / 1e6, 3) if rounds else None,
+        "wire_bytes_per_round": round(sum(r.wire_bytes for r in runs) / rounds, 1) if rounds else None,
     }
 
 

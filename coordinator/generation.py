@@ -57,10 +57,13 @@ class GenerationPlan:
 
     @property
     def rejection_guesses(self) -> int:
-        """Rejection guesses per block position. Greedy only: under sampling the token after a rejection is a
-        draw from the residual distribution, which the draft's ranking seldom names (pre-draft hit rate 0.08 at
-        temperature 1 on the demo pair, against 0.69 greedy), so those lanes would cost without paying."""
-        return self.predraft_guesses if self.overlap and self.params.greedy else 0
+        """Rejection guesses per block position: greedy and coupled requests only. There the verifier's token
+        after a rejection is the target's argmax (of log p + g under the coupled rule), which the draft's ranking
+        (of log q + g) often names; under the rejection rule it is a draw from the residual distribution, which
+        the draft's ranking seldom names (pre-draft hit rate 0.08 at temperature 1 on the demo pair, against
+        0.69 greedy), so those lanes would cost without paying."""
+        guessable = self.params.greedy or self.params.coupled
+        return self.predraft_guesses if self.overlap and guessable else 0
 
     @property
     def ranked_alternatives(self) -> int:
@@ -92,6 +95,7 @@ class RequestStats(SpeculationStats):
     predraft_guesses: int = 0  # guessed verdicts drafted, over all pre-drafted rounds
     chained_rounds: int = 0  # rounds the verifier ran right after the previous verdict (VerifyNext)
     draft_fallbacks: int = 0  # times the drafter failed and the request went on by plain decoding
+    wire_bytes: int = 0  # serialized request + response bytes of the rounds' ProposeLanes, Verify, VerifyNext calls
     round_timeline: list[tuple[str, int, int]] = field(default_factory=list)  # (stage, start_ns, end_ns)
 
 

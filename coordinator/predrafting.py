@@ -2,7 +2,8 @@
 
 While Verify(block k) runs, the drafter already drafts block k+1 under several guessed verdicts of block k, one
 draft lane each (coordinator/predraft.py): "all accepted, and the bonus token is the draft's own next token", and
-for greedy requests "rejected at position i, replaced by the draft's r-th next most likely token there" (1 + γ ·
+for greedy and coupled requests "rejected at position i, replaced by the draft's r-th next most likely token there"
+(by log q + g under the coupled rule, the noise the verifier's argmax(log p + g) shares) (1 + γ ·
 `predraft_guesses` of them, the ones this request's verdicts matched most often first, and no more than the
 measured pass costs say fit inside the verification). A verdict that matches a guess sends that lane's block
 straight to the verifier; otherwise the next block is drafted afresh. Each lane's next call rolls it back through

@@ -21,7 +21,7 @@ from coordinator.replica_errors import replica_error
 from coordinator.replicas import Replica
 from specdec.errors import InvalidFieldError, ReplicaUnreachableError, SpecDecError
 from specdec.v1 import common_pb2, drafter_pb2, verifier_pb2
-from specdec.wire import sampling_to_proto
+from specdec.wire import SAMPLING_RULE_ENUMS, sampling_to_proto
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -50,7 +50,7 @@ class ReplicaSessions:
         """Opens the session on both replicas (prefilling the prompt), the drafter's only if speculating."""
         state, plan = self.state, self.state.plan
         started = time.perf_counter_ns()
-        sampling = sampling_to_proto(plan.params)
+        sampling, rule = sampling_to_proto(plan.params), SAMPLING_RULE_ENUMS[plan.params.rule]
         with state.telemetry.stage("open_sessions") as parent:
             calls = [
                 self._open(
@@ -58,7 +58,10 @@ class ReplicaSessions:
                     "verify",
                     parent,
                     verifier_pb2.OpenVerifySessionRequest(
-                        session_id=plan.request_id, prompt_token_ids=plan.prompt_ids, sampling=sampling
+                        session_id=plan.request_id,
+                        prompt_token_ids=plan.prompt_ids,
+                        sampling=sampling,
+                        sampling_rule=rule,
                     ),
                 )
             ]
@@ -75,6 +78,7 @@ class ReplicaSessions:
                                 sampling=sampling,
                                 draft_method=plan.draft_method,
                                 num_lanes=len(state.lanes),
+                                sampling_rule=rule,
                             ),
                         )
                     )

@@ -1,7 +1,8 @@
 """A round's calls to the replicas (Propose, Verify, VerifyNext), each counted where its figures go.
 
-Stats, metrics and spans are fed from the same figures (coordinator/request_telemetry.py), and every reply
-refreshes its replica's measured pass cost at its current batch size.
+Stats, metrics and spans are fed from the same figures (coordinator/request_telemetry.py), every reply
+refreshes its replica's measured pass cost at its current batch size, and every call's serialized request and
+reply sizes add up to the request's wire bytes.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from google.protobuf.message import Message
 from opentelemetry.context import Context
 
 from coordinator.generation_state import GenerationState
@@ -54,11 +56,9 @@ class RoundCalls:
         with self.state.telemetry.remote_call(
             "draft.propose", round_span, base_len=committed_len, num_tokens=steps, lanes=len(calls), predraft=predraft
         ) as remote:
-            reply = await self.sessions.call(
-                draft,
-                "ProposeLanes",
-                drafter_pb2.ProposeLanesRequest(session_id=self.state.plan.request_id, lanes=proposals),
-            )
+            request = drafter_pb2.ProposeLanesRequest(session_id=self.state.plan.request_id, lanes=proposals)
+            reply = await self.sessions.call(draft, "ProposeLanes", request)
+            self._count_bytes(request, reply)
             draft_ns = reply.lanes[0].draft_ns if reply.lanes else 0
             remote.inside("draft.forward", "draft", draft_ns)
         self._count_call("draft", remote, draft=draft_ns)
@@ -86,17 +86,15 @@ class RoundCalls:
             reply = await self._chained_verdict(chained) if chained is not None else None
             call.span.set_attribute("specdec.chained", reply is not None)
             if reply is None:
-                reply = await self.sessions.call(
-                    verifier,
-                    "Verify",
-                    verifier_pb2.VerifyRequest(
-                        session_id=state.plan.request_id,
-                        base_len=len(state.committed),
-                        draft_token_ids=block.token_ids,
-                        draft_probs=block.probs,
-                        next_call=next_call,
-                    ),
+                request = verifier_pb2.VerifyRequest(
+                    session_id=state.plan.request_id,
+                    base_len=len(state.committed),
+                    draft_token_ids=block.token_ids,
+                    draft_probs=block.probs,
+                    next_call=next_call,
                 )
+                reply = await self.sessions.call(verifier, "Verify", request)
+                self._count_bytes(request, reply)
             call.inside("verify.forward", "verify", reply.forward_ns)
             call.inside("verify.sampling", "verify", reply.sampling_ns)
         self._count_call("verify", call, verify=reply.forward_ns, sampling=reply.sampling_ns)
@@ -117,26 +115,23 @@ class RoundCalls:
             candidates=len(candidates),
             plain_otherwise=plain_otherwise,
         ):
-            return await self.sessions.call(
-                self.sessions.verify,
-                "VerifyNext",
-                verifier_pb2.VerifyNextRequest(
-                    session_id=self.state.plan.request_id,
-                    after_base_len=after_base_len,
-                    rounds=[
-                        verifier_pb2.GuessedRound(
-                            verdict=verifier_pb2.GuessedVerdict(
-                                num_accepted=c.num_accepted, next_token_id=c.next_token
-                            ),
-                            draft_token_ids=c.block.token_ids,
-                            draft_probs=c.block.probs,
-                        )
-                        for c in candidates
-                    ],
-                    plain_otherwise=plain_otherwise,
-                    next_call=verifier_pb2.NextCallHint(after_any_verdict=True),
-                ),
+            request = verifier_pb2.VerifyNextRequest(
+                session_id=self.state.plan.request_id,
+                after_base_len=after_base_len,
+                rounds=[
+                    verifier_pb2.GuessedRound(
+                        verdict=verifier_pb2.GuessedVerdict(num_accepted=c.num_accepted, next_token_id=c.next_token),
+                        draft_token_ids=c.block.token_ids,
+                        draft_probs=c.block.probs,
+                    )
+                    for c in candidates
+                ],
+                plain_otherwise=plain_otherwise,
+                next_call=verifier_pb2.NextCallHint(after_any_verdict=True),
             )
+            reply = await self.sessions.call(self.sessions.verify, "VerifyNext", request)
+            self._count_bytes(request, reply)
+            return reply
 
     async def _chained_verdict(self, chained: ChainedRound) -> verifier_pb2.VerifyResponse | None:
         """The verdict of the round the verifier ran by itself, or None if it ran another one or none (then the
@@ -153,6 +148,10 @@ class RoundCalls:
             chained.index,
         )
         return None
+
+    def _count_bytes(self, request: Message, reply: Message) -> None:
+        """Adds a round call's serialized request and reply sizes to the request's wire bytes."""
+        self.state.stats.wire_bytes += request.ByteSize() + reply.ByteSize()
 
     def _count_call(self, label: str, call: RemoteCall, **stage_ns: int) -> None:
         """Adds one round call's service-side stage times and its wire time to the stats and the metrics."""

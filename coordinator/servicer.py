@@ -20,6 +20,7 @@ from coordinator.validation import plan_request
 from specdec.errors import ReplicaUnreachableError
 from specdec.telemetry.metrics import speculation_metrics
 from specdec.v1 import coordinator_pb2, coordinator_pb2_grpc
+from specdec.wire import SAMPLING_RULE_ENUMS
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ def stats_to_proto(stats: RequestStats, plan: GenerationPlan) -> coordinator_pb2
         predraft_hits=stats.predraft_hits,
         predraft_guesses=stats.predraft_guesses,
         chained_rounds=stats.chained_rounds,
+        wire_bytes=stats.wire_bytes,
+        sampling_rule=SAMPLING_RULE_ENUMS[plan.params.rule],
         seed=plan.params.seed,
         prompt_tokens=len(plan.prompt_ids),
     )

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from specdec.cpu_affinity import CpuAffinitySettings
 from specdec.embedded_pair import DEMO_TARGET_DIR
+from specdec.sampling import SamplingRule
 from specdec.settings import setting
 from specdec.tls import ServerTlsSettings
 
@@ -34,7 +35,7 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
     )
     predraft_guesses: int = setting(
         2,
-        "overlapped mode, greedy requests: besides 'all accepted', guess γ times this "
+        "overlapped mode, greedy and coupled requests: besides 'all accepted', guess γ times this "
         "many rejections (a position and the draft's r-th next most likely token "
         "there; those the request's verdicts matched most often first), "
         "each pre-drafted on its own draft lane (0: only 'all accepted'; fewer when "
@@ -53,6 +54,20 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
         "with adaptive γ: where the policy predicts a small gain from "
         "speculating, measure committed tokens/s in epochs with speculation and "
         "epochs of plain rounds at each load, and keep the faster way",
+    )
+    unseeded_sampling_rule: str = setting(
+        "rejection",
+        "how sampled requests without a seed are judged: 'rejection' (accept x with probability "
+        "min(1, p(x)/q(x)); the draft sends its q) or 'coupled' (Gumbel-max coupling: the draft and "
+        "the target share each position's noise, no q is sent, and rejections become guessable for "
+        "pre-drafting). A request that sets a seed always gets 'coupled', so its tokens are a "
+        "function of prompt, settings and seed alone. Default 'rejection': an unseeded request gains "
+        "nothing from reproducibility, and on the demo pair (benchmarks/results/sampling_rules.json) "
+        "the rejection rule accepts more (α 0.54-0.60 against 0.46-0.56 coupled) and served the most "
+        "tokens/s at concurrency 16 (267 and 275 against 220 and 247 at T 0.7 and 1.0), while the "
+        "q it sends (~450 KB a round at a vocabulary of 8192, against under 1 KB coupled) costs "
+        "little on loopback. Prefer 'coupled' where wire bytes are dear (a large vocabulary, "
+        "replicas on other hosts)",
     )
     call_timeout_s: float = setting(30.0, "deadline of each internal call")
     startup_timeout_s: float = setting(300.0, "how long to wait for the replicas to come up")
@@ -99,3 +114,14 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
     )
     trace_sample_ratio: float = setting(1.0, "share of new traces recorded (parent-based: callers' choice wins)")
     log_level: str = setting("INFO", "logging level")
+
+    @property
+    def unseeded_rule(self) -> SamplingRule:
+        """unseeded_sampling_rule as a SamplingRule; ValueError naming the setting when it is neither rule."""
+        try:
+            return SamplingRule(self.unseeded_sampling_rule)
+        except ValueError:
+            raise ValueError(
+                f"unseeded_sampling_rule must be one of {[rule.value for rule in SamplingRule]}, "
+                f"got {self.unseeded_sampling_rule!r}"
+            ) from None

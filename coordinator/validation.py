@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import uuid
 
@@ -10,6 +11,7 @@ from transformers import PreTrainedTokenizerBase
 from coordinator.generation import GenerationPlan
 from coordinator.settings import CoordinatorSettings
 from specdec.errors import InvalidFieldError
+from specdec.sampling import SamplingRule
 from specdec.v1 import common_pb2, coordinator_pb2
 from specdec.wire import check_token_ids, sampling_from_proto
 
@@ -67,6 +69,10 @@ def plan_request(
     if len(request.request_id) > 128:
         raise InvalidFieldError("request_id", "at most 128 characters")
     params = sampling_from_proto(request.sampling, default_seed=secrets.randbits(63))
+    # A seeded request's tokens must be a function of prompt, settings and seed alone: only the coupled rule
+    # makes them independent of the blocks the rounds happen to use.
+    rule = SamplingRule.COUPLED if request.sampling.HasField("seed") else settings.unseeded_rule
+    params = dataclasses.replace(params, rule=rule)
     return GenerationPlan(
         request_id=request.request_id or uuid.uuid4().hex,
         prompt_ids=list(prompt_ids),

@@ -12,7 +12,7 @@ from draft_service.service import MODEL, NGRAM, DraftService, LaneProposal, Prop
 from specdec.session_store import expire_idle_sessions
 from specdec.step_batcher import StepBatcher
 from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
-from specdec.wire import check_token_ids, probs_to_proto, sampling_from_proto
+from specdec.wire import check_token_ids, probs_to_proto, session_sampling_from_proto
 
 METHOD_NAMES = {
     common_pb2.DRAFT_METHOD_UNSPECIFIED: None,
@@ -58,7 +58,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         self, request: drafter_pb2.OpenDraftSessionRequest, context
     ) -> drafter_pb2.OpenDraftSessionResponse:
         prompt = check_token_ids(request.prompt_token_ids, self.service.vocab_size, "prompt_token_ids")
-        params = sampling_from_proto(request.sampling)
+        params = session_sampling_from_proto(request.sampling, request.sampling_rule)
         method = METHOD_NAMES.get(request.draft_method, "unknown")
         prefill_ns = await self._batcher.submit(
             "open", request.session_id, prompt, params, method, max(request.num_lanes, 1)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.kv_session import KVSession, PlannedForward, run_forwards
-from specdec.sampling import SamplingParams, Stream, logits_to_probs, row_maxima, sample_token
+from specdec.sampling import SamplingParams, Stream, coupled_scores, logits_to_probs, row_maxima, sample_token
 from specdec.step_batcher import only_result
 
 
@@ -17,7 +17,7 @@ class Drafted:
     """What one session drafted."""
 
     token_ids: list[int]
-    probs: torch.Tensor | None  # q [γ, V] the tokens were drawn from; None when one-hot (greedy)
+    probs: torch.Tensor | None  # q [γ, V] the tokens were drawn from; None when one-hot (greedy) or coupled
     alternatives: list[list[int]]  # per drafted position, the draft's next most likely other tokens ([] if not asked)
 
 
@@ -34,16 +34,22 @@ class DraftJob:
     alternatives: list[list[int]] = field(default_factory=list)
 
     def add(self, logits: torch.Tensor) -> int:
-        """Draws the next token from the draft's logits [V] at this position; returns it."""
+        """Draws the next token from the draft's logits [V] at this position; returns it.
+
+        Under the coupled rule the token is argmax(log q + g) with the position's Gumbel noise g (the one the
+        verifier uses), no q is kept, and alternatives are ranked by those perturbed scores: after a rejection
+        the verifier emits argmax(log p + g), which the draft's runners-up there name more often than not."""
         probs = logits_to_probs(logits, self.params)  # [V]
-        token = sample_token(probs, self.params, position=len(self.session), stream=Stream.DRAFT)
-        if not self.params.greedy:
-            self.rows.append(probs)
-        ranked = (
-            logits.topk(min(self.num_alternatives + 1, logits.shape[-1])).indices.tolist()
-            if self.num_alternatives
-            else []
-        )
+        width = min(self.num_alternatives + 1, logits.shape[-1])
+        if self.params.coupled:
+            scores = coupled_scores(probs.unsqueeze(0), self.params.seed, len(self.session))[0]  # [V]
+            token = int(scores.argmax())
+            ranked = scores.topk(width).indices.tolist() if self.num_alternatives else []
+        else:
+            token = sample_token(probs, self.params, position=len(self.session), stream=Stream.DRAFT)
+            if not self.params.greedy:
+                self.rows.append(probs)
+            ranked = logits.topk(width).indices.tolist() if self.num_alternatives else []
         self.take(token, ranked)
         return token
 
@@ -55,7 +61,7 @@ class DraftJob:
             self.alternatives.append([t for t in ranked if t != token][: self.num_alternatives])
 
     def result(self) -> Drafted:
-        probs = None if self.params.greedy or not self.rows else torch.stack(self.rows)  # [γ, V]
+        probs = torch.stack(self.rows) if self.rows else None  # [γ, V]; none kept when greedy or coupled
         return Drafted(self.tokens, probs, self.alternatives)
 
 
@@ -159,7 +165,8 @@ def draft_many(requests: Sequence[DraftRequest]) -> list[Drafted | Exception]:
     DraftRun (one pass per drafted position).
 
     Returns per request the tokens, the distributions q they were drawn from ([γ, V]), or None under greedy
-    decoding, where q is one-hot at the drafted token, and per position the num_alternatives most likely other
+    decoding, where q is one-hot at the drafted token, and under the coupled rule, whose verifier needs no q;
+    and per position the num_alternatives most likely other
     tokens by the draft's logits (guesses of what the verifier puts there if it rejects the drafted token); or the
     error that failed that request alone.
     """

@@ -1,7 +1,8 @@
 """The in-process reference: speculative decoding with both models in one process, and plain decoding.
 
 Tests and benchmarks compare the services against these. The loop follows the algorithm's pseudocode:
-draft γ -> verify once -> accept/resample -> both caches roll back to the committed length.
+draft γ -> verify once -> accept/resample -> both caches roll back to the committed length. Both loops follow
+the request's sampling rule (SamplingParams.rule); under the coupled rule their tokens are identical.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from specdec.drafting import draft_with_model
 from specdec.kv_session import KVSession
 from specdec.model_runtime import LoadedModel
-from specdec.sampling import SamplingParams, Stream, logits_to_probs, sample_token
+from specdec.sampling import SamplingParams, logits_to_probs, plain_token
 from specdec.speculation_stats import SpeculationStats
 from specdec.verification import verify_round
 
@@ -61,7 +62,8 @@ def speculative_generate(
 def target_only_generate(
     target: LoadedModel, prompt_ids: Sequence[int], sampling: SamplingParams, max_new_tokens: int
 ) -> GenerationResult:
-    """Plain autoregressive decoding with the target alone (the project's own plain path)."""
+    """Plain autoregressive decoding with the target alone (the project's own plain path), under the request's
+    sampling rule (sampling.rule): what a verifier emits for rounds with no draft."""
     session = KVSession(target, prompt_ids)
     session.prefill()
     generated: list[int] = []
@@ -70,7 +72,7 @@ def target_only_generate(
     while len(generated) < max_new_tokens:
         logits = session.extend(pending, score_previous=not pending)[-1]  # [V]
         probs = logits_to_probs(logits, sampling)  # [V]
-        token = sample_token(probs, sampling, position=len(session), stream=Stream.RESAMPLE)
+        token = plain_token(probs, sampling, position=len(session))
         stats.record(0, 0)
         generated.append(token)
         pending = [token]

@@ -18,11 +18,21 @@ Randomness is counter-based: the draw for absolute sequence position t in a stre
 of a hash of (seed, t, stream), never of shared RNG state. Output is then a function of (prompt,
 settings, seed) alone, whatever retries, rollbacks or discarded pre-drafts occurred, and the draft's
 draws are independent of the verifier's.
+
+That rule (SamplingRule.REJECTION) still lets the tokens depend on where blocks start and end: a position
+drawn by the accept/recover draws in one run may be a bonus draw in another. The coupled rule
+(SamplingRule.COUPLED) removes that: position t has Gumbel noise g_t in R^V, a function of (seed, t) alone
+(gumbel_noise). The target's token there is y_t = argmax(log p_t + g_t), which is distributed exactly as
+p_t (the Gumbel-max trick); the draft drafts x_t = argmax(log q_t + g_t) with the same noise, so it agrees
+with the target wherever q resembles p. The verifier accepts x_t while x_t = y_t and emits y at the first
+mismatch (or y_{γ+1} as the bonus): every committed token is the plain decoder's y_t, whatever the blocks,
+and q is never needed.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import math
 import struct
@@ -36,6 +46,13 @@ _U64_LIMIT = 2**64
 _KEY_LAYOUT = struct.Struct("<QQQ")  # seed, position, stream
 
 
+class SamplingRule(enum.Enum):
+    """How a sampled request's draft is judged (greedy requests ignore it: argmax at every position)."""
+
+    REJECTION = "rejection"  # accept x with probability min(1, p(x)/q(x)), recover from norm(max(0, p - q))
+    COUPLED = "coupled"  # Gumbel-max coupling: accept x_t while it is the target's argmax(log p_t + g_t)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How logits become tokens; the draft and the target must use the same settings."""
@@ -44,10 +61,16 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
     seed: int = 0
+    rule: SamplingRule = SamplingRule.REJECTION
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def coupled(self) -> bool:
+        """Sampled under the coupled rule (greedy is greedy under either rule)."""
+        return self.rule is SamplingRule.COUPLED and not self.greedy
 
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field."""
@@ -59,6 +82,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
         if not isinstance(self.seed, int) or not 0 <= self.seed < _U64_LIMIT:
             raise ValueError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+        if not isinstance(self.rule, SamplingRule):
+            raise ValueError(f"rule must be a SamplingRule, got {self.rule!r}")
 
 
 class NonFiniteLogitsError(ValueError):
@@ -122,6 +147,7 @@ class Stream(enum.IntEnum):
     DRAFT = 0  # the draft sampling x_t from q_t
     ACCEPT = 1  # the verifier's uniform u_t for the accept test
     RESAMPLE = 2  # the verifier drawing a recovered or bonus token
+    GUMBEL = 3  # the coupled rule's Gumbel noise g_t, shared by the draft and the target
 
 
 def position_uniform(seed: int, position: int, stream: Stream) -> float:
@@ -173,6 +199,44 @@ def sample_token(probs: torch.Tensor, params: SamplingParams, position: int, str
     if token == cdf.shape[0]:  # point rounded up to total: take the last token with mass
         token = int(torch.searchsorted(cdf, total))
     return token
+
+
+GUMBEL_CACHE_SIZE = 32  # noise rows kept: a round's positions, re-drafted by pre-draft lanes and then verified
+
+
+@functools.lru_cache(maxsize=GUMBEL_CACHE_SIZE)
+def gumbel_noise(seed: int, position: int, vocab_size: int) -> torch.Tensor:
+    """g_t: standard Gumbel noise [V] (float64, CPU) for absolute sequence `position`, a function of (seed,
+    position) alone: drawn by a CPU generator seeded by the hash of (seed, position, GUMBEL), so every device
+    and process gets the same noise. Cached (the same rows are drafted, re-drafted and verified): never modify
+    the tensor returned."""
+    uniform = torch.rand(vocab_size, generator=position_generator(seed, position, Stream.GUMBEL), dtype=torch.float64)
+    return -torch.log(-torch.log(uniform.clamp_(min=torch.finfo(torch.float64).tiny)))
+
+
+def coupled_scores(probs: torch.Tensor, seed: int, start_position: int) -> torch.Tensor:
+    """log probs + g, float64 [R, V], for probability rows [R, V] at positions start_position.. (row i at
+    start_position + i), on the rows' device. Masked tokens (probability 0) score -inf, so the argmax of a row
+    is a draw from it (the Gumbel-max trick), and its ranking is what the coupled rule guesses from."""
+    if probs.ndim != 2 or probs.shape[1] == 0:
+        raise ValueError(f"probs must have shape [R, V] with V >= 1, got {list(probs.shape)}")
+    vocab = probs.shape[1]
+    noise = torch.stack([gumbel_noise(seed, start_position + i, vocab) for i in range(probs.shape[0])])  # [R, V]
+    return probs.double().log() + noise.to(probs.device)
+
+
+def coupled_tokens(probs: torch.Tensor, params: SamplingParams, start_position: int) -> list[int]:
+    """The coupled rule's token per probability row [R, V]: argmax(log p + g) at start_position + i; one
+    transfer from the device for all rows."""
+    return coupled_scores(probs, params.seed, start_position).argmax(dim=-1).tolist()
+
+
+def plain_token(probs: torch.Tensor, params: SamplingParams, position: int) -> int:
+    """The target's token at `position` when decoding alone (γ 0) from its probs [V], under the request's rule:
+    argmax when greedy, argmax(log p + g) when coupled, else a RESAMPLE draw. A round with no draft emits it."""
+    if params.coupled:
+        return coupled_tokens(probs.unsqueeze(0), params, position)[0]
+    return sample_token(probs, params, position, Stream.RESAMPLE)
 
 
 @dataclass(frozen=True)
@@ -234,25 +298,11 @@ def rejection_sample(
     unaffected; rejecting avoids acting on an undefined ratio, and x_i keeps its target mass in the
     residual, from which the recovered token is drawn.
     """
-    params.validate()
-    tokens = [int(t) for t in draft_tokens]
-    gamma = len(tokens)
-    if p.ndim != 2 or p.shape[0] != gamma + 1:
-        raise ValueError(f"p must have shape [γ+1, V] = [{gamma + 1}, V], got {list(p.shape)}")
-    vocab = p.shape[1]
-    if q is not None and tuple(q.shape) != (gamma, vocab):
-        raise ValueError(f"q must have shape [γ, V] = [{gamma}, {vocab}], got {list(q.shape)}")
-    if any(not 0 <= t < vocab for t in tokens):
-        raise ValueError(f"draft_tokens must lie in [0, {vocab}), got {tokens}")
-    if start_position < 0:
-        raise ValueError(f"start_position must be >= 0, got {start_position}")
-
+    tokens = _checked_round(draft_tokens, q, p, params, start_position)
+    gamma, vocab = len(tokens), p.shape[1]
     n = 0  # number of accepted tokens
     if params.greedy:
-        target_tokens = p.argmax(dim=-1).tolist()  # [γ+1]
-        while n < gamma and tokens[n] == target_tokens[n]:
-            n += 1
-        return Verdict(tokens[:n], target_tokens[n], is_bonus=n == gamma)
+        return _verdict_of_target_tokens(tokens, p.argmax(dim=-1).tolist())
 
     x = torch.tensor(tokens, dtype=torch.long).view(gamma, 1).to(p.device)  # [γ, 1]
     p_x = p.gather(1, x).view(gamma).tolist()  # [γ]: p_i(x_i)
@@ -274,3 +324,53 @@ def rejection_sample(
         next_probs = residual_distribution(p[n], q_n)
     next_token = sample_token(next_probs, params, start_position + n, Stream.RESAMPLE)
     return Verdict(tokens[:n], next_token, is_bonus=n == gamma)
+
+
+def coupled_sample(
+    draft_tokens: Sequence[int], p: torch.Tensor, params: SamplingParams, start_position: int
+) -> Verdict:
+    """Verify draft tokens x_1..x_γ under the coupled rule (module docstring): with y_i = argmax(log p_i + g_i)
+    at position start_position + i - 1, accept x_i while x_i = y_i, then emit y at the first mismatch, or
+    y_{γ+1} as the bonus. Needs no q; p is [γ+1, V] from logits_to_probs. The committed tokens are the y's
+    alone, so they equal plain coupled decoding's (plain_token) whatever the draft. Greedy params: argmax."""
+    tokens = _checked_round(draft_tokens, None, p, params, start_position)
+    target_tokens = coupled_tokens(p, params, start_position) if not params.greedy else p.argmax(dim=-1).tolist()
+    return _verdict_of_target_tokens(tokens, target_tokens)
+
+
+def _verdict_of_target_tokens(tokens: Sequence[int], target_tokens: Sequence[int]) -> Verdict:
+    """Accept the drafted tokens while they equal the target's own tokens [γ+1] of their positions, then emit the
+    target's token (greedy, and the coupled rule)."""
+    n = 0
+    while n < len(tokens) and tokens[n] == target_tokens[n]:
+        n += 1
+    return Verdict(list(tokens[:n]), target_tokens[n], is_bonus=n == len(tokens))
+
+
+def sample_verdict(
+    draft_tokens: Sequence[int], q: torch.Tensor | None, p: torch.Tensor, params: SamplingParams, start_position: int
+) -> Verdict:
+    """The verdict on a draft under the request's rule (params.rule): coupled_sample, which ignores q, or
+    rejection_sample. Greedy requests get the same verdict either way."""
+    if params.coupled:
+        return coupled_sample(draft_tokens, p, params, start_position)
+    return rejection_sample(draft_tokens, q, p, params, start_position)
+
+
+def _checked_round(
+    draft_tokens: Sequence[int], q: torch.Tensor | None, p: torch.Tensor, params: SamplingParams, start_position: int
+) -> list[int]:
+    """The draft tokens as ints, after checking the params and the shapes of a round (ValueError)."""
+    params.validate()
+    tokens = [int(t) for t in draft_tokens]
+    gamma = len(tokens)
+    if p.ndim != 2 or p.shape[0] != gamma + 1:
+        raise ValueError(f"p must have shape [γ+1, V] = [{gamma + 1}, V], got {list(p.shape)}")
+    vocab = p.shape[1]
+    if q is not None and tuple(q.shape) != (gamma, vocab):
+        raise ValueError(f"q must have shape [γ, V] = [{gamma}, {vocab}], got {list(q.shape)}")
+    if any(not 0 <= t < vocab for t in tokens):
+        raise ValueError(f"draft_tokens must lie in [0, {vocab}), got {tokens}")
+    if start_position < 0:
+        raise ValueError(f"start_position must be >= 0, got {start_position}")
+    return tokens

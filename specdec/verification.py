@@ -15,7 +15,7 @@ import torch
 
 from specdec.errors import StaleBaseLenError
 from specdec.kv_session import KVSession, PlannedForward, run_forwards
-from specdec.sampling import SamplingParams, Verdict, logits_to_probs, rejection_sample
+from specdec.sampling import SamplingParams, Verdict, logits_to_probs, sample_verdict
 from specdec.step_batcher import only_result
 
 
@@ -31,7 +31,7 @@ class VerifyTiming:
 
 @dataclass(frozen=True)
 class VerifyJob:
-    """One round to run: draft_probs is q [γ, V], or None for one-hot q."""
+    """One round to run: draft_probs is q [γ, V], or None for one-hot q (ignored under the coupled rule)."""
 
     session: KVSession
     session_id: str
@@ -80,7 +80,7 @@ def verify_rounds(
         sampling_started = time.perf_counter_ns()
         try:
             p = logits_to_probs(logits, job.params)  # [γ+1, V]
-            verdict = rejection_sample(job.draft_tokens, job.draft_probs, p, job.params, start_position=job.base_len)
+            verdict = sample_verdict(job.draft_tokens, job.draft_probs, p, job.params, start_position=job.base_len)
         except Exception as error:  # noqa: BLE001
             job.session.truncate(job.base_len)
             results[index] = error

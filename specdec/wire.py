@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from specdec.errors import InvalidFieldError
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, SamplingRule
 from specdec.v1 import common_pb2, verifier_pb2
 
 PLAIN_STEP = -1  # VerifyNextResponse.round_index of the plain step (no guessed round matched the verdict)
@@ -27,6 +28,25 @@ def sampling_from_proto(
         field = str(error).split(":")[0].split()[0].strip()
         raise InvalidFieldError(f"{prefix}.{field}", str(error)) from None
     return params
+
+
+SAMPLING_RULES = {
+    common_pb2.SAMPLING_RULE_UNSPECIFIED: SamplingRule.REJECTION,  # a replica's default: today's rule
+    common_pb2.SAMPLING_RULE_REJECTION: SamplingRule.REJECTION,
+    common_pb2.SAMPLING_RULE_COUPLED: SamplingRule.COUPLED,
+}
+SAMPLING_RULE_ENUMS = {
+    SamplingRule.REJECTION: common_pb2.SAMPLING_RULE_REJECTION,
+    SamplingRule.COUPLED: common_pb2.SAMPLING_RULE_COUPLED,
+}
+
+
+def session_sampling_from_proto(message: common_pb2.SamplingParams, rule: int) -> SamplingParams:
+    """A session's SamplingParams from an Open*SessionRequest's `sampling` and `sampling_rule` (unspecified: the
+    rejection rule); INVALID_ARGUMENT names the field that is out of range."""
+    if rule not in SAMPLING_RULES:
+        raise InvalidFieldError("sampling_rule", f"unknown value {rule}")
+    return dataclasses.replace(sampling_from_proto(message), rule=SAMPLING_RULES[rule])
 
 
 def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:

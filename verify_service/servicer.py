@@ -13,7 +13,7 @@ from specdec.errors import DownstreamUnavailableError, InvalidFieldError
 from specdec.session_store import expire_idle_sessions
 from specdec.step_batcher import StepBatcher
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
-from specdec.wire import check_token_ids, follows_at_once, probs_from_proto, sampling_from_proto
+from specdec.wire import check_token_ids, follows_at_once, probs_from_proto, session_sampling_from_proto
 from verify_service.service import OPEN, VERIFY, GuessedRound, VerifyService
 
 
@@ -102,7 +102,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self, request: verifier_pb2.OpenVerifySessionRequest, context
     ) -> verifier_pb2.OpenVerifySessionResponse:
         prompt = check_token_ids(request.prompt_token_ids, self.service.model.vocab_size, "prompt_token_ids")
-        params = sampling_from_proto(request.sampling)
+        params = session_sampling_from_proto(request.sampling, request.sampling_rule)
         prefill_ns = await self._run("step", request.session_id, OPEN, prompt, params)
         return verifier_pb2.OpenVerifySessionResponse(session_len=len(prompt), prefill_ns=prefill_ns)
 

@@ -12,9 +12,18 @@ class DraftMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DRAFT_METHOD_UNSPECIFIED: _ClassVar[DraftMethod]
     DRAFT_METHOD_MODEL: _ClassVar[DraftMethod]
     DRAFT_METHOD_NGRAM: _ClassVar[DraftMethod]
+
+class SamplingRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SAMPLING_RULE_UNSPECIFIED: _ClassVar[SamplingRule]
+    SAMPLING_RULE_REJECTION: _ClassVar[SamplingRule]
+    SAMPLING_RULE_COUPLED: _ClassVar[SamplingRule]
 DRAFT_METHOD_UNSPECIFIED: DraftMethod
 DRAFT_METHOD_MODEL: DraftMethod
 DRAFT_METHOD_NGRAM: DraftMethod
+SAMPLING_RULE_UNSPECIFIED: SamplingRule
+SAMPLING_RULE_REJECTION: SamplingRule
+SAMPLING_RULE_COUPLED: SamplingRule
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_k", "top_p", "seed")

@@ -14,12 +14,14 @@ from specdec.client import Client
 from specdec.local_stack import LocalStack, start_service
 from specdec.model_runtime import LoadedModel, ModelSettings
 from specdec.reference_loop import speculative_generate, target_only_generate
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, SamplingRule
 from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from specdec.wire import sampling_to_proto
 
 MAX_NEW = 24
 LANES_GAMMA = 3
+MAX_GAMMA = 16  # the coordinator's and the services' default limit
+COUPLED, REJECTION = common_pb2.SAMPLING_RULE_COUPLED, common_pb2.SAMPLING_RULE_REJECTION
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +50,26 @@ def sequential_address(stack):
             stack.services["verify"].address,
             "--no-overlap",
             "--no-adaptive-gamma",
+        ],
+        stack.log_dir,
+    )
+    yield service.address
+    service.stop()
+
+
+@pytest.fixture(scope="module")
+def adaptive_address(stack):
+    """A third coordinator on the same replicas with adaptive γ and the gate on (their defaults)."""
+    service = start_service(
+        "coordinator-adaptive",
+        "coordinator",
+        [
+            "--tokenizer",
+            stack.target,
+            "--draft-replicas",
+            stack.services["draft"].address,
+            "--verify-replicas",
+            stack.services["verify"].address,
         ],
         stack.log_dir,
     )
@@ -136,16 +158,88 @@ def test_stop_strings_end_generation(client):
 
 
 def test_sampled_output_equals_the_in_process_reference_with_and_without_overlap(client, sequential_address, models):
-    """Draws are keyed by (seed, position): the stack, overlapped or not, reproduces the reference loop."""
+    """Draws are keyed by (seed, position): the stack, overlapped or not, reproduces the reference loop under
+    the coupled rule, which every seeded request gets."""
     target, draft = models
     with Client(sequential_address, timeout_s=60) as sequential:
         for seed in range(6):
             prompt = random_prompts(1, seed=100 + seed)[0]
-            params = SamplingParams(temperature=1.0, top_k=20, seed=seed)
+            params = SamplingParams(temperature=1.0, top_k=20, seed=seed, rule=SamplingRule.COUPLED)
             expected = speculative_generate(target, draft, prompt, 3, params, MAX_NEW).token_ids
             kwargs = dict(max_new_tokens=MAX_NEW, temperature=1.0, top_k=20, seed=seed, num_speculative_tokens=3)
             assert list(client.generate(prompt, **kwargs).token_ids) == expected
             assert list(sequential.generate(prompt, **kwargs).token_ids) == expected
+
+
+def test_seeded_sampled_output_is_plain_decoding_whatever_the_blocks(client, adaptive_address, models):
+    """A seeded request is decoded under the coupled rule: its tokens are the in-process target-only decoder's
+    under that rule, for every γ (0 included), with adaptive γ on and off, with the model and the n-gram drafter."""
+    target, _ = models
+    speculated = 0
+    with Client(adaptive_address, timeout_s=60) as adaptive:
+        for seed in range(3):
+            prompt = random_prompts(1, seed=200 + seed)[0]
+            params = SamplingParams(temperature=0.8, top_p=0.95, seed=seed, rule=SamplingRule.COUPLED)
+            expected = target_only_generate(target, prompt, params, MAX_NEW).token_ids
+            for coordinator in (client, adaptive):
+                for method in (common_pb2.DRAFT_METHOD_MODEL, common_pb2.DRAFT_METHOD_NGRAM):
+                    for gamma in (0, 1, 4, MAX_GAMMA):
+                        reply = coordinator.generate(
+                            prompt,
+                            max_new_tokens=MAX_NEW,
+                            temperature=0.8,
+                            top_p=0.95,
+                            seed=seed,
+                            num_speculative_tokens=gamma,
+                            draft_method=method,
+                            include_stats=True,
+                        )
+                        assert list(reply.token_ids) == expected, f"seed {seed}, γ {gamma}, method {method}"
+                        assert reply.stats.sampling_rule == COUPLED
+                        speculated += reply.stats.drafted_tokens > reply.stats.accepted_tokens > 0
+    assert speculated > 0  # some rounds accepted drafts and some rejected them
+
+
+def test_unseeded_requests_get_the_coordinators_rule_and_coupled_rounds_send_no_q(client, sequential_address):
+    """The coordinator's default for unseeded requests is the rejection rule, whose rounds carry the draft's q
+    (from the drafter, then to the verifier); coupled rounds carry none. Sequential mode, so that a round's
+    bytes are one Propose and one Verify (pre-drafts add lanes, which coupled requests get more of)."""
+    kwargs = dict(max_new_tokens=MAX_NEW, temperature=1.0, num_speculative_tokens=4, include_stats=True)
+    with Client(sequential_address, timeout_s=60) as sequential:
+        unseeded = sequential.generate([3, 8, 1], **kwargs).stats
+        seeded = sequential.generate([3, 8, 1], seed=5, **kwargs).stats
+    assert (unseeded.sampling_rule, seeded.sampling_rule) == (REJECTION, COUPLED)
+    q_bytes = 2 * 4 * 64  # a float32 q row of the tiny vocabulary, sent twice, per drafted token
+    assert unseeded.wire_bytes > q_bytes * unseeded.drafted_tokens
+    assert 0 < seeded.wire_bytes < q_bytes * seeded.drafted_tokens / 4
+    assert client.generate([3, 8, 1], max_new_tokens=4, include_stats=True).stats.sampling_rule == REJECTION
+
+
+def test_the_drafter_sends_q_only_under_the_rejection_rule(stack):
+    sampling = sampling_to_proto(SamplingParams(temperature=0.8, seed=3))
+    with grpc.insecure_channel(stack.services["draft"].address) as channel:
+        drafter = drafter_pb2_grpc.DrafterStub(channel)
+        for rule, rows in ((common_pb2.SAMPLING_RULE_UNSPECIFIED, 3), (REJECTION, 3), (COUPLED, 0)):
+            session_id = f"rule-{rule}"
+            drafter.OpenSession(
+                drafter_pb2.OpenDraftSessionRequest(
+                    session_id=session_id, prompt_token_ids=[4, 5, 6], sampling=sampling, sampling_rule=rule
+                ),
+                timeout=30,
+            )
+            reply = drafter.Propose(
+                drafter_pb2.ProposeRequest(session_id=session_id, base_len=3, num_speculative_tokens=3), timeout=30
+            )
+            drafter.CloseSession(common_pb2.CloseSessionRequest(session_id=session_id), timeout=30)
+            assert len(reply.draft_token_ids) == 3 and reply.draft_probs.rows == rows
+        with pytest.raises(grpc.RpcError) as raised:
+            drafter.OpenSession(
+                drafter_pb2.OpenDraftSessionRequest(
+                    session_id="rule-bad", prompt_token_ids=[4], sampling=sampling, sampling_rule=7
+                ),
+                timeout=30,
+            )
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "sampling_rule" in raised.value.details()
 
 
 def test_overlap_reports_predraft_hits(client):

@@ -17,9 +17,12 @@ from coordinator.request_guard import fingerprint
 from specdec.client import Client, build_request
 
 MAX_NEW = 100
-# Fixed γ: a resumed sampled request must reproduce the uninterrupted one draw for draw.
+# Fixed γ: a resumed sampled request must reproduce the uninterrupted one draw for draw. The coupled rule for
+# unseeded requests too: the reference, which gives the seed the first coordinator chose, is decoded under it.
 JOURNAL_ARGS = [
     "--no-adaptive-gamma",
+    "--unseeded-sampling-rule",
+    "coupled",
     "--lease-s",
     "2",
     "--lease-wait-s",

@@ -20,7 +20,7 @@ from specdec.client import Client
 from specdec.local_stack import LocalStack
 from specdec.model_runtime import LoadedModel, ModelSettings
 from specdec.reference_loop import speculative_generate, target_only_generate
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, SamplingRule
 from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from specdec.wire import sampling_to_proto
 
@@ -61,7 +61,7 @@ def test_missed_predrafts_leave_output_exact(stack, models):
             assert list(greedy.token_ids) == target_only_generate(target, prompt, SamplingParams(), MAX_NEW).token_ids
             attempts += greedy.stats.predraft_attempts
             hits += greedy.stats.predraft_hits
-            params = SamplingParams(temperature=1.0, seed=i)
+            params = SamplingParams(temperature=1.0, seed=i, rule=SamplingRule.COUPLED)  # a seeded request's rule
             sampled = client.generate(
                 prompt,
                 max_new_tokens=MAX_NEW,

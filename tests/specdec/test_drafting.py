@@ -6,9 +6,9 @@ import math
 
 import torch
 
-from specdec.drafting import DraftJob, next_tokens
+from specdec.drafting import DraftJob, draft_with_model, next_tokens
 from specdec.kv_session import KVSession
-from specdec.sampling import NonFiniteLogitsError, SamplingParams
+from specdec.sampling import NonFiniteLogitsError, SamplingParams, SamplingRule, coupled_scores, logits_to_probs
 
 GREEDY = SamplingParams()
 SAMPLED = SamplingParams(temperature=1.0, seed=11)
@@ -57,3 +57,22 @@ def test_greedy_rows_without_alternatives_pick_the_first_largest(tiny_pair):
     assert tokens[:2] == [1, 0] and tokens[3] == 0
     assert isinstance(tokens[2], NonFiniteLogitsError)
     assert all(job.alternatives == [] for job in batched)
+
+
+def test_a_coupled_draft_keeps_no_q_and_ranks_alternatives_by_the_perturbed_scores(tiny_pair):
+    """Under the coupled rule the drafted token is argmax(log q + g) of its position, no q row is kept (the
+    verifier needs none, so none is sent), and the alternatives are the runners-up of log q + g."""
+    _, draft = tiny_pair
+    params = SamplingParams(temperature=0.8, top_p=0.95, seed=5, rule=SamplingRule.COUPLED)
+    job = DraftJob(KVSession(draft, [1, 2, 3]), 4, params, 2)
+    logits = LOGITS[4]
+    token = job.add(logits)
+    scores = coupled_scores(logits_to_probs(logits, params)[None], params.seed, 3)[0]  # position 3: after [1, 2, 3]
+    ranked = scores.topk(3).indices.tolist()
+    assert token == ranked[0] and job.alternatives == [ranked[1:]]
+    assert job.result().probs is None
+
+    drafted = draft_with_model(KVSession(draft, [4, 5, 6, 7]), 5, params, num_alternatives=2)
+    assert len(drafted.token_ids) == 5 and drafted.probs is None
+    for token, others in zip(drafted.token_ids, drafted.alternatives):
+        assert len(others) == 2 and token not in others

@@ -12,7 +12,7 @@ from tiny_models import make_pair
 
 from specdec.model_runtime import LoadedModel, ModelSettings
 from specdec.reference_loop import speculative_generate, target_only_generate
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, SamplingRule
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -72,6 +72,25 @@ def test_seeded_sampling_is_reproducible(tiny_pair):
     params = SamplingParams(temperature=1.0, seed=7)
     first = speculative_generate(target, draft, [3, 4], 4, params, max_new_tokens=20).token_ids
     assert speculative_generate(target, draft, [3, 4], 4, params, max_new_tokens=20).token_ids == first
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 8])
+def test_coupled_sampling_is_token_identical_to_coupled_target_only(tiny_pair, gamma):
+    """Under the coupled rule a seeded request's tokens are plain decoding's, whatever γ: each committed token
+    is the target's argmax(log p + g) of its position, and the draft only decides how many come per round."""
+    target, draft = tiny_pair
+    saw_rejection = saw_acceptance = False
+    for seed, prompt in enumerate(prompts(8, seed=3)):
+        params = SamplingParams(temperature=0.8, top_p=0.95, seed=seed, rule=SamplingRule.COUPLED)
+        expected = target_only_generate(target, prompt, params, max_new_tokens=24)
+        got = speculative_generate(target, draft, prompt, gamma, params, max_new_tokens=24)
+        assert got.token_ids == expected.token_ids, f"seed {seed}, prompt {prompt}"
+        saw_rejection |= got.stats.accepted < got.stats.drafted
+        saw_acceptance |= got.stats.accepted > 0
+    assert saw_rejection and saw_acceptance
+    params = SamplingParams(temperature=1.0, seed=1, rule=SamplingRule.COUPLED)
+    same = speculative_generate(target, target, [3, 4, 5], 4, params, max_new_tokens=30)
+    assert same.stats.accepted == same.stats.drafted > 0  # a draft equal to the target is always accepted
 
 
 @pytest.fixture(scope="module")

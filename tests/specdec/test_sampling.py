@@ -12,19 +12,26 @@ from specdec import sampling
 from specdec.sampling import (
     NonFiniteLogitsError,
     SamplingParams,
+    SamplingRule,
     Stream,
     Verdict,
     acceptance_probability,
+    coupled_sample,
+    coupled_scores,
+    gumbel_noise,
     logits_to_probs,
+    plain_token,
     position_generator,
     position_uniform,
     rejection_sample,
     residual_distribution,
     sample_token,
+    sample_verdict,
 )
 
 GREEDY = SamplingParams()
 SAMPLED = SamplingParams(temperature=1.0, seed=1234)
+COUPLED = SamplingParams(temperature=1.0, seed=1234, rule=SamplingRule.COUPLED)
 MIN_P_VALUE = 0.001
 
 # The worked example: vocabulary {cat, dog, mat, sat, on}.
@@ -44,6 +51,8 @@ def _one_hot_rows(argmaxes: list[int], vocab: int = 5) -> torch.Tensor:
     rows[torch.arange(len(argmaxes)), argmaxes] = 0.6
     return rows / rows.sum(dim=-1, keepdim=True)
 
+
+INF_LOGIT = math.inf
 
 # --- the worked example ---------------------------------------------------------------------------
 
@@ -479,3 +488,108 @@ def test_gamma_3_first_token_matches_p():
     p_rows = torch.stack([p, p_later, q, p_later])  # [4, V]
     counts = _first_token_counts(_drafts_from(q_rows, 15_000), q_rows, p_rows)
     _assert_matches(counts, p)
+
+
+# --- the coupled rule (Gumbel-max coupling) --------------------------------------------------------
+
+
+def test_gumbel_noise_is_a_pure_function_of_seed_and_position():
+    gumbel_noise.cache_clear()
+    base = gumbel_noise(7, 100, 16).clone()
+    gumbel_noise.cache_clear()
+    assert torch.equal(gumbel_noise(7, 100, 16), base)  # drawn again, not only cached
+    assert base.dtype == torch.float64 and base.isfinite().all()
+    assert not torch.equal(gumbel_noise(7, 101, 16), base)
+    assert not torch.equal(gumbel_noise(8, 100, 16), base)
+    state = torch.get_rng_state()
+    gumbel_noise(9, 3, 16)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_gumbel_noise_is_standard_gumbel():
+    draws = torch.cat([gumbel_noise(5, position, 64) for position in range(200)]).numpy()
+    assert kstest(draws, "gumbel_r").pvalue > MIN_P_VALUE
+
+
+@pytest.mark.usefixtures("no_rng")
+def test_coupled_greedy_is_argmax_and_uses_no_rng():
+    greedy = SamplingParams(rule=SamplingRule.COUPLED)
+    assert not greedy.coupled
+    assert plain_token(P_EXAMPLE, greedy, 0) == CAT
+    p = _one_hot_rows([2, 0])
+    assert sample_verdict([2], None, p, greedy, 0) == Verdict([2], 0, is_bonus=True)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(temperature=1.0),
+        dict(temperature=0.8, top_k=4),
+        dict(temperature=0.8, top_p=0.7),
+        dict(temperature=1.3, top_k=5, top_p=0.9),
+    ],
+)
+def test_coupled_draw_matches_p_with_masks(params: dict):
+    """The coupled token over many seeds (one position) and over many positions (one seed) is distributed as p,
+    masks included: tokens top-k or top-p removed are never drawn."""
+    logits = torch.tensor([1.2, -0.3, 0.8, 2.0, -1.5, 0.1, 0.5, -INF_LOGIT])
+    probs = logits_to_probs(logits, SamplingParams(**params))
+    assert (probs == 0).sum() >= 1
+    draws = 6000
+    over_seeds = torch.zeros(8)
+    over_positions = torch.zeros(8)
+    for trial in range(draws):
+        over_seeds[plain_token(probs, SamplingParams(**params, seed=trial, rule=SamplingRule.COUPLED), 17)] += 1
+        over_positions[plain_token(probs, SamplingParams(**params, seed=3, rule=SamplingRule.COUPLED), trial)] += 1
+    _assert_matches(over_seeds, probs)
+    _assert_matches(over_positions, probs)
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(
+    gamma=st.integers(0, 6),
+    seed=st.integers(0, 2**64 - 1),
+    start=st.integers(0, 10**6),
+    with_q=st.booleans(),
+    data=st.data(),
+)
+def test_coupled_verdict_emits_exactly_the_plain_coupled_tokens(gamma, seed, start, with_q, data):
+    """Whatever the draft (and whatever q, which the rule ignores): the committed tokens are the plain coupled
+    tokens of their positions, and a draft of exactly those tokens is accepted whole."""
+    vocab = 6
+    generator = torch.Generator().manual_seed(seed % 2**32)
+    p = torch.rand(gamma + 1, vocab, generator=generator)
+    p[torch.rand(gamma + 1, vocab, generator=generator) < 0.3] = 0.0
+    p[:, 0] += 0.01
+    p = p / p.sum(dim=-1, keepdim=True)
+    q = torch.randn(gamma, vocab, generator=generator).softmax(dim=-1) if with_q else None
+    params = SamplingParams(temperature=1.0, seed=seed, rule=SamplingRule.COUPLED)
+    plain = [plain_token(p[i], params, start + i) for i in range(gamma + 1)]
+    draft = data.draw(st.lists(st.integers(0, vocab - 1), min_size=gamma, max_size=gamma))
+    verdict = sample_verdict(draft, q, p, params, start)
+    n = verdict.num_accepted
+    assert verdict.accepted_tokens == draft[:n] == plain[:n]
+    assert verdict.next_token == plain[n] and verdict.is_bonus == (n == gamma)
+    assert n == gamma or draft[n] != plain[n]
+    assert coupled_sample(plain[:gamma], p, params, start) == Verdict(plain[:gamma], plain[gamma], is_bonus=True)
+
+
+def test_a_coupled_draft_agrees_with_the_target_far_more_often_than_an_independent_draw():
+    """The draft's argmax(log q + g) and the target's argmax(log p + g) share g: they agree far more often than
+    independent draws from q and p would (which is what lets coupled drafts be accepted)."""
+    p, q = _distribution_pair()
+    agree = sum(plain_token(p, COUPLED, t) == plain_token(q, COUPLED, t) for t in range(3000))
+    assert agree / 3000 > float((p * q).sum()) + 0.1
+
+
+def test_coupled_scores_give_row_i_the_noise_of_position_start_plus_i():
+    p, q = _distribution_pair()
+    rows = coupled_scores(torch.stack([p, q]), COUPLED.seed, 40)  # [2, V]
+    assert torch.equal(rows[1], coupled_scores(q[None], COUPLED.seed, 41)[0])
+    assert torch.equal(rows[0], p.double().log() + gumbel_noise(COUPLED.seed, 40, 8))
+    assert (rows[0][p == 0] == -math.inf).all()
+
+
+def test_sampling_rule_is_validated():
+    with pytest.raises(ValueError, match="rule"):
+        SamplingParams(temperature=1.0, rule="coupled").validate()
