@@ -7,6 +7,7 @@ code. Every process binds 127.0.0.1, every wait is bounded, and `ProcessGroup.cl
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import pathlib
 import queue
@@ -101,6 +102,9 @@ class ProcessGroup:
     log_dir: pathlib.Path = field(default_factory=lambda: pathlib.Path(tempfile.mkdtemp(prefix="specdec-contract-")))
     processes: list[Process] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        atexit.register(self.close)  # also when pytest ends without running its finalizers
 
     def _log_path(self, name: str) -> pathlib.Path:
         with self._lock:

@@ -1,9 +1,11 @@
 """Cancelled and timed-out requests leave nothing behind on the replicas.
 
-Held to: after 200 streams cancelled at random points (before the first chunk or after a few) and 100 unary
-requests with short deadlines, 16 in flight at a time, both replicas' Info shows 0 active sessions and 0 KV
-cache tokens within 5 s, and then a burst of as many concurrent requests as a replica's max_sessions (8 here)
-all succeed. During the storm a call ends OK, CANCELLED, DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED, nothing else.
+Held to: after 200 streams cancelled at random points (at once while the sessions open, within 100 ms, or after
+a few chunks) and 100 unary requests with deadlines of 5 to 600 ms, 8 in flight at a time (the replicas'
+max_sessions: with more in flight most calls are refused before they hold a session, and nothing is cancelled
+mid-generation), both replicas' Info shows 0 active sessions and 0 KV cache tokens within 5 s, and then a
+burst of as many concurrent requests as a replica's max_sessions (8 here) all succeed. During the storm a
+call ends OK, CANCELLED, DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED, nothing else.
 """
 
 from __future__ import annotations
