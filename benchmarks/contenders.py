@@ -19,7 +19,7 @@ from benchmarks.stack_runs import timed_generate
 from specdec.client import Client
 from specdec.model_runtime import LoadedModel
 from specdec.reference_loop import speculative_generate, target_only_generate
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, SamplingRule
 
 
 @dataclass
@@ -39,7 +39,8 @@ Contender = Callable[[Sequence[int], float, int, int], RunOutput]  # (prompt_ids
 
 
 def _sampling(temperature: float, seed: int) -> SamplingParams:
-    return SamplingParams(temperature=temperature, top_k=0, top_p=1.0, seed=seed)
+    """A seeded request's settings under the rule the stack gives every seeded request (coupled)."""
+    return SamplingParams(temperature=temperature, top_k=0, top_p=1.0, seed=seed, rule=SamplingRule.COUPLED)
 
 
 def _hf_kwargs(
