@@ -10,6 +10,7 @@ import sys
 from transformers import AutoTokenizer, GenerationConfig
 
 from coordinator.generation import MAX_RANKED_ALTERNATIVES
+from coordinator.replica_targets import DnsResolver, ReplicaTargets
 from coordinator.replicas import ReplicaPool
 from coordinator.request_guard import RequestGuard
 from coordinator.servicer import CoordinatorServicer
@@ -62,8 +63,11 @@ async def build_servicer(settings: CoordinatorSettings) -> CoordinatorServicer:
         credentials=channel_credentials(settings.replica_tls_ca, settings.replica_tls_cert, settings.replica_tls_key),
         options=server_name_options(settings.replica_tls_server_name),
     )  # TLS to the replicas, if set
-    draft_pool = ReplicaPool("draft", settings.draft_replicas, drafter_pb2_grpc.DrafterStub, **security)
-    verify_pool = ReplicaPool("verify", settings.verify_replicas, verifier_pb2_grpc.VerifierStub, **security)
+    resolver = DnsResolver(settings.dns_nameserver)
+    draft_targets = ReplicaTargets("draft", settings.draft_replicas, resolver)
+    verify_targets = ReplicaTargets("verify", settings.verify_replicas, resolver)
+    draft_pool = ReplicaPool("draft", await draft_targets.addresses(), drafter_pb2_grpc.DrafterStub, **security)
+    verify_pool = ReplicaPool("verify", await verify_targets.addresses(), verifier_pb2_grpc.VerifierStub, **security)
     await asyncio.gather(
         draft_pool.wait_ready(settings.startup_timeout_s), verify_pool.wait_ready(settings.startup_timeout_s)
     )

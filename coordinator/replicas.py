@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -22,20 +21,6 @@ from specdec.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 StubT = TypeVar("StubT")
-
-
-def expand_addresses(entries: Sequence[str]) -> list[str]:
-    """Expands `dns:///name:port` entries into one address per resolved IP; other entries stay as they are."""
-    addresses: list[str] = []
-    for entry in entries:
-        if not entry.startswith("dns:///"):
-            addresses.append(entry)
-            continue
-        host, _, port = entry.removeprefix("dns:///").rpartition(":")
-        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
-        ips = sorted({info[4][0] for info in infos})
-        addresses.extend(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips)
-    return addresses
 
 
 @dataclass
@@ -70,7 +55,7 @@ class ReplicaPool(Generic[StubT]):
         self.on_health_change: Callable[[], None] | None = None  # a replica left placement or came back
         self._probes: set[asyncio.Future] = set()
         self.replicas: list[Replica[StubT]] = []
-        for address in expand_addresses(addresses):
+        for address in addresses:
             channel = open_aio_channel(
                 address, credentials, [*channel_options(), *options], interceptors=trace_context_interceptors()
             )

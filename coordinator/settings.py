@@ -20,6 +20,9 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
         "draft service addresses, comma-separated; dns:///NAME:PORT expands to every address NAME resolves to",
     )
     verify_replicas: tuple[str, ...] = setting(("localhost:50062",), "verify service addresses (same forms)")
+    dns_nameserver: str = setting(
+        "", "HOST:PORT of the DNS server for dns:/// entries (empty: the system's, from /etc/resolv.conf)"
+    )
     tokenizer: str = setting(str(DEMO_TARGET_DIR), "tokenizer directory or hub id (the target's)")
     default_num_speculative_tokens: int = setting(4, "γ for requests that do not set num_speculative_tokens")
     max_num_speculative_tokens: int = setting(16, "largest γ a request may ask for")
