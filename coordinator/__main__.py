@@ -6,11 +6,14 @@ import asyncio
 import dataclasses
 import logging
 import sys
+from collections.abc import Callable
 
 from transformers import AutoTokenizer, GenerationConfig
 
 from coordinator.generation import MAX_RANKED_ALTERNATIVES
-from coordinator.replicas import ReplicaPool
+from coordinator.replica_discovery import ReplicaDiscovery
+from coordinator.replica_targets import DnsResolver, ReplicaTargets
+from coordinator.replicas import Replica, ReplicaPool
 from coordinator.request_guard import RequestGuard
 from coordinator.servicer import CoordinatorServicer
 from coordinator.settings import CoordinatorSettings
@@ -36,25 +39,42 @@ def eos_token_ids(source: str, tokenizer) -> set[int]:
     return ids
 
 
-def check_replicas(tokenizer_identity: VocabularyIdentity, draft_pool: ReplicaPool, verify_pool: ReplicaPool) -> int:
+def check_replica(identity: VocabularyIdentity, vocab_size: int, replica: Replica) -> None:
+    """Refuses (ValueError) a replica whose vocabulary differs from the coordinator's tokenizer."""
+    info = replica.info
+    if not info.tokenizer_sha256:  # a model-free drafter: only the width must agree
+        info_identity = VocabularyIdentity(replica.address, info.vocab_size, identity.tokenizer_sha256)
+    else:
+        info_identity = VocabularyIdentity(
+            f"{info.model_id} at {replica.address}", info.vocab_size, info.tokenizer_sha256
+        )
+    check_same_vocabulary(VocabularyIdentity(identity.model_id, vocab_size, identity.tokenizer_sha256), info_identity)
+
+
+def check_replicas(identity: VocabularyIdentity, draft_pool: ReplicaPool, verify_pool: ReplicaPool) -> int:
     """Refuses replicas whose vocabulary differs from the coordinator's tokenizer; returns the logits width."""
     vocab_size = verify_pool.replicas[0].info.vocab_size
     for replica in [*verify_pool.replicas, *draft_pool.replicas]:
-        info = replica.info
-        if not info.tokenizer_sha256:  # a model-free drafter: only the width must agree
-            info_identity = VocabularyIdentity(replica.address, info.vocab_size, tokenizer_identity.tokenizer_sha256)
-        else:
-            info_identity = VocabularyIdentity(
-                f"{info.model_id} at {replica.address}", info.vocab_size, info.tokenizer_sha256
-            )
-        check_same_vocabulary(
-            VocabularyIdentity(tokenizer_identity.model_id, vocab_size, tokenizer_identity.tokenizer_sha256),
-            info_identity,
-        )
+        check_replica(identity, vocab_size, replica)
     return vocab_size
 
 
-async def build_servicer(settings: CoordinatorSettings) -> CoordinatorServicer:
+def joining_check(identity: VocabularyIdentity, vocab_size: int, max_context_tokens: int) -> Callable[[Replica], None]:
+    """What a replica found later by discovery must pass: the same vocabulary, and room for the context the
+    coordinator already promises its clients."""
+
+    def check(replica: Replica) -> None:
+        check_replica(identity, vocab_size, replica)
+        if 0 < replica.info.max_context_tokens < max_context_tokens:
+            raise ValueError(
+                f"its context is {replica.info.max_context_tokens} tokens, the coordinator's {max_context_tokens}"
+            )
+
+    return check
+
+
+async def build_servicer(settings: CoordinatorSettings) -> tuple[CoordinatorServicer, list[ReplicaDiscovery]]:
+    """The servicer on ready replicas, and the discovery of each pool named by dns:/// entries (not started)."""
     if not 0 <= settings.predraft_guesses <= MAX_RANKED_ALTERNATIVES:
         raise ValueError(f"predraft_guesses must be in [0, {MAX_RANKED_ALTERNATIVES}], got {settings.predraft_guesses}")
     settings.unseeded_rule  # noqa: B018 - raises ValueError naming the setting if it names no rule
@@ -63,8 +83,11 @@ async def build_servicer(settings: CoordinatorSettings) -> CoordinatorServicer:
         credentials=channel_credentials(settings.replica_tls_ca, settings.replica_tls_cert, settings.replica_tls_key),
         options=server_name_options(settings.replica_tls_server_name),
     )  # TLS to the replicas, if set
-    draft_pool = ReplicaPool("draft", settings.draft_replicas, drafter_pb2_grpc.DrafterStub, **security)
-    verify_pool = ReplicaPool("verify", settings.verify_replicas, verifier_pb2_grpc.VerifierStub, **security)
+    resolver = DnsResolver(settings.dns_nameserver)
+    draft_targets = ReplicaTargets("draft", settings.draft_replicas, resolver)
+    verify_targets = ReplicaTargets("verify", settings.verify_replicas, resolver)
+    draft_pool = ReplicaPool("draft", await draft_targets.addresses(), drafter_pb2_grpc.DrafterStub, **security)
+    verify_pool = ReplicaPool("verify", await verify_targets.addresses(), verifier_pb2_grpc.VerifierStub, **security)
     await asyncio.gather(
         draft_pool.wait_ready(settings.startup_timeout_s), verify_pool.wait_ready(settings.startup_timeout_s)
     )
@@ -74,7 +97,7 @@ async def build_servicer(settings: CoordinatorSettings) -> CoordinatorServicer:
         r.info.max_context_tokens for r in [*draft_pool.replicas, *verify_pool.replicas] if r.info.max_context_tokens
     ]
     settings = dataclasses.replace(settings, max_context_tokens=min([settings.max_context_tokens, *model_contexts]))
-    return CoordinatorServicer(
+    servicer = CoordinatorServicer(
         settings,
         tokenizer,
         eos_token_ids(settings.tokenizer, tokenizer),
@@ -83,6 +106,13 @@ async def build_servicer(settings: CoordinatorSettings) -> CoordinatorServicer:
         verify_pool,
         RequestGuard.from_settings(settings, [draft_pool, verify_pool]),
     )
+    check = joining_check(identity, vocab_size, settings.max_context_tokens)
+    discoveries = [
+        ReplicaDiscovery(pool, targets, settings.discovery_refresh_s, settings.startup_timeout_s, check)
+        for pool, targets in ((draft_pool, draft_targets), (verify_pool, verify_targets))
+        if targets.dynamic and settings.discovery_refresh_s > 0
+    ]
+    return servicer, discoveries
 
 
 def follow_verify_health(running: RunningServer, verify_pool: ReplicaPool) -> None:
@@ -112,7 +142,7 @@ def follow_verify_health(running: RunningServer, verify_pool: ReplicaPool) -> No
 async def serve(settings: CoordinatorSettings) -> None:
     start_telemetry("coordinator", settings)
     credentials = server_credentials(settings)  # TLS on the client-facing port, if set (fails early on bad files)
-    servicer = await build_servicer(settings)
+    servicer, discoveries = await build_servicer(settings)
     running = await start_server(
         settings.address,
         lambda s: coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, s),
@@ -122,8 +152,11 @@ async def serve(settings: CoordinatorSettings) -> None:
         health_port=settings.health_port,
     )
     follow_verify_health(running, servicer.verify_pool)
+    for discovery in discoveries:  # after the health hook, so replicas joining or leaving move the health too
+        discovery.start()
     print(f"coordinator listening on port {running.port}", flush=True)
     await wait_for_termination(running, settings.grace_s)
+    await asyncio.gather(*(discovery.stop() for discovery in discoveries))
     await servicer.guard.close()
 
 

@@ -35,7 +35,12 @@ def retry_close_later(replica: Replica, session_id: str, timeout_s: float) -> as
             )
         else:
             log.info("session %s: closed on %s at the second try", session_id, replica.address)
+        finally:
+            replica.pending_closes -= 1
+            if replica.unused:  # it left placement meanwhile: this retry was the last user of its channel
+                await replica.channel.close()
 
+    replica.pending_closes += 1
     _retries.add(task := asyncio.ensure_future(retry()))
     task.add_done_callback(_retries.discard)
     return task

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -24,20 +23,6 @@ log = logging.getLogger(__name__)
 StubT = TypeVar("StubT")
 
 
-def expand_addresses(entries: Sequence[str]) -> list[str]:
-    """Expands `dns:///name:port` entries into one address per resolved IP; other entries stay as they are."""
-    addresses: list[str] = []
-    for entry in entries:
-        if not entry.startswith("dns:///"):
-            addresses.append(entry)
-            continue
-        host, _, port = entry.removeprefix("dns:///").rpartition(":")
-        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
-        ips = sorted({info[4][0] for info in infos})
-        addresses.extend(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips)
-    return addresses
-
-
 @dataclass
 class Replica(Generic[StubT]):
     """One service replica: its address, channel, stub and the sessions this coordinator placed on it."""
@@ -50,11 +35,20 @@ class Replica(Generic[StubT]):
     remote_sessions: int = 0  # sessions other coordinators hold here (coordinator/session_registry.py)
     healthy: bool = True  # False after a call found it gone, until its health check says SERVING again
     load: PassLoad | None = None  # its measured pass cost and batch size, from Info and then every reply
+    retired: bool = False  # gone from DNS: out of placement, its channel closed once unused
+    pending_closes: int = 0  # CloseSession retries still to be sent here (coordinator/close_retry.py)
+
+    @property
+    def unused(self) -> bool:
+        """Retired with no session and no close retry left: its channel can close (a call on a closed channel
+        may hang or crash the process, so nothing may call it after that)."""
+        return self.retired and self.active_sessions == 0 and self.pending_closes == 0
 
 
 class ReplicaPool(Generic[StubT]):
     """Spreads sessions over replicas by load (fewest active sessions); a session stays on its replica.
-    Channels use TLS when given credentials (specdec/tls.py)."""
+    Channels use TLS when given credentials (specdec/tls.py). Replicas join and retire while it serves
+    (coordinator/replica_discovery.py)."""
 
     def __init__(
         self,
@@ -67,14 +61,17 @@ class ReplicaPool(Generic[StubT]):
         if not addresses:
             raise ValueError(f"{kind}_replicas: at least one address is needed")
         self.kind = kind
-        self.on_health_change: Callable[[], None] | None = None  # a replica left placement or came back
-        self._probes: set[asyncio.Future] = set()
-        self.replicas: list[Replica[StubT]] = []
-        for address in expand_addresses(addresses):
-            channel = open_aio_channel(
-                address, credentials, [*channel_options(), *options], interceptors=trace_context_interceptors()
-            )
-            self.replicas.append(Replica(address, channel, make_stub(channel)))
+        self.on_health_change: Callable[[], None] | None = None  # a replica left placement, came back or joined
+        self._make_stub = make_stub
+        self._credentials = credentials
+        self._options = [*channel_options(), *options]
+        self._tasks: set[asyncio.Future] = set()  # health probes and channel closes in flight
+        self.replicas: list[Replica[StubT]] = [self.open(address) for address in addresses]
+
+    def open(self, address: str) -> Replica[StubT]:
+        """A replica with its channel open, not yet in placement (see join)."""
+        channel = open_aio_channel(address, self._credentials, self._options, interceptors=trace_context_interceptors())
+        return Replica(address, channel, self._make_stub(channel))
 
     def acquire(self, required: bool = True) -> Replica[StubT] | None:
         """The least-loaded healthy replica (counting every coordinator's sessions), counted as holding one more
@@ -86,71 +83,106 @@ class ReplicaPool(Generic[StubT]):
         replica.active_sessions += 1
         return replica
 
+    def release(self, replica: Replica[StubT]) -> None:
+        """One session on the replica ended; a retired replica's channel closes once it is unused."""
+        replica.active_sessions -= 1
+        if replica.unused:
+            self._background(replica.channel.close())
+
     @property
     def any_healthy(self) -> bool:
         return any(r.healthy for r in self.replicas)
 
+    def _healthy_count(self) -> str:
+        return f"{sum(r.healthy for r in self.replicas)} of {len(self.replicas)} healthy"
+
+    def join(self, replica: Replica[StubT]) -> None:
+        """Puts a ready replica (its Info read) into placement."""
+        self.replicas.append(replica)
+        log.info("%s replica %s joined placement (%s)", self.kind, replica.address, self._healthy_count())
+        self._health_changed()
+
+    def retire(self, replica: Replica[StubT]) -> None:
+        """Takes a replica out of placement for good (its address is gone); sessions on it run to their end, then
+        its channel closes. A replica being probed stops being probed before its next check."""
+        self.replicas.remove(replica)
+        replica.retired = True
+        log.info(
+            "%s replica %s left placement; %d of its sessions still running (%s)",
+            self.kind,
+            replica.address,
+            replica.active_sessions,
+            self._healthy_count(),
+        )
+        if replica.unused:
+            self._background(replica.channel.close())
+        self._health_changed()
+
     def mark_unhealthy(self, replica: Replica[StubT], probe_interval_s: float = 1.0) -> None:
         """Takes a replica out of placement (a call found it gone or past its deadline) and probes its health
-        until it serves again."""
-        if not replica.healthy:
+        until it serves again or retires."""
+        if not replica.healthy or replica.retired:
             return
         replica.healthy = False
         log.warning(
-            "%s replica %s marked unhealthy; probing it every %.0fs (%d of %d healthy)",
+            "%s replica %s marked unhealthy; probing it every %gs (%s)",
             self.kind,
             replica.address,
             probe_interval_s,
-            sum(r.healthy for r in self.replicas),
-            len(self.replicas),
+            self._healthy_count(),
         )
+        self._health_changed()
+        self._background(self._probe(replica, probe_interval_s))
+
+    async def _probe(self, replica: Replica[StubT], interval_s: float) -> None:
+        health = health_pb2_grpc.HealthStub(replica.channel)
+        while not replica.healthy:
+            await asyncio.sleep(interval_s)
+            if replica.retired:
+                return
+            try:
+                reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=interval_s)
+                replica.healthy = reply.status == health_pb2.HealthCheckResponse.SERVING
+            except grpc.aio.AioRpcError:
+                continue
+        log.info("%s replica %s is healthy again", self.kind, replica.address)
+        self._health_changed()
+
+    def _health_changed(self) -> None:
         if self.on_health_change is not None:
             self.on_health_change()
 
-        async def probe() -> None:
-            health = health_pb2_grpc.HealthStub(replica.channel)
-            while not replica.healthy:
-                await asyncio.sleep(probe_interval_s)
-                try:
-                    reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=probe_interval_s)
-                    replica.healthy = reply.status == health_pb2.HealthCheckResponse.SERVING
-                except grpc.aio.AioRpcError:
-                    continue
-            log.info("%s replica %s is healthy again", self.kind, replica.address)
-            if self.on_health_change is not None:
-                self.on_health_change()
+    def _background(self, work) -> None:
+        self._tasks.add(task := asyncio.ensure_future(work))
+        task.add_done_callback(self._tasks.discard)
 
-        self._probes.add(task := asyncio.ensure_future(probe()))
-        task.add_done_callback(self._probes.discard)
-
-    @staticmethod
-    def release(replica: Replica[StubT]) -> None:
-        replica.active_sessions -= 1
+    async def ready(self, replica: Replica[StubT], timeout_s: float) -> None:
+        """Waits until the replica says SERVING and answers Info (fetching it and its pass cost), or raises
+        DownstreamUnavailableError."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        health = health_pb2_grpc.HealthStub(replica.channel)
+        while True:
+            try:
+                reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    replica.info = await replica.stub.Info(common_pb2.InfoRequest(), timeout=5)
+                    replica.load = PassLoad(
+                        StepCost(replica.info.step_cost_fixed_ns, replica.info.step_cost_per_token_ns)
+                    )
+                    return
+                status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            except grpc.aio.AioRpcError as error:
+                status = error.code().name
+            if loop.time() > deadline:
+                raise DownstreamUnavailableError(
+                    f"{self.kind} replica {replica.address} not ready after {timeout_s:.0f}s: {status}"
+                )
+            await asyncio.sleep(0.5)
 
     async def wait_ready(self, timeout_s: float) -> None:
         """Waits until every replica answers Info (fetching it), or raises DownstreamUnavailableError."""
-
-        async def one(replica: Replica[StubT]) -> None:
-            deadline = asyncio.get_running_loop().time() + timeout_s
-            health = health_pb2_grpc.HealthStub(replica.channel)
-            while True:
-                try:
-                    status = await health.Check(health_pb2.HealthCheckRequest(), timeout=5)
-                    if status.status == health_pb2.HealthCheckResponse.SERVING:
-                        replica.info = await replica.stub.Info(common_pb2.InfoRequest(), timeout=5)
-                        replica.load = PassLoad(
-                            StepCost(replica.info.step_cost_fixed_ns, replica.info.step_cost_per_token_ns)
-                        )
-                        return
-                except grpc.aio.AioRpcError as error:
-                    if asyncio.get_running_loop().time() > deadline:
-                        raise DownstreamUnavailableError(
-                            f"{self.kind} replica {replica.address} not ready after {timeout_s:.0f}s: "
-                            f"{error.code().name}"
-                        ) from None
-                await asyncio.sleep(0.5)
-
-        await asyncio.gather(*(one(r) for r in self.replicas))
+        await asyncio.gather(*(self.ready(r, timeout_s) for r in self.replicas))
         log.info("%s replicas ready: %s", self.kind, ", ".join(r.address for r in self.replicas))
 
     async def close(self) -> None:

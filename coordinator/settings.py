@@ -18,9 +18,18 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
     address: str = setting("[::]:50051", "host:port of the client-facing gRPC API (port 0 picks a free port)")
     draft_replicas: tuple[str, ...] = setting(
         ("localhost:50061",),
-        "draft service addresses, comma-separated; dns:///NAME:PORT expands to every address NAME resolves to",
+        "draft service addresses, comma-separated; dns:///NAME:PORT expands to every address NAME resolves to, "
+        "looked up again every discovery_refresh_s",
     )
     verify_replicas: tuple[str, ...] = setting(("localhost:50062",), "verify service addresses (same forms)")
+    discovery_refresh_s: float = setting(
+        5.0,
+        "how often dns:/// entries are resolved again: a new address joins placement once its replica is ready, "
+        "a vanished one leaves it and is closed after its sessions end (0: resolve once at start-up)",
+    )
+    dns_nameserver: str = setting(
+        "", "HOST:PORT of the DNS server for dns:/// entries (empty: the system's, from /etc/resolv.conf)"
+    )
     tokenizer: str = setting(str(DEMO_TARGET_DIR), "tokenizer directory or hub id (the target's)")
     default_num_speculative_tokens: int = setting(4, "γ for requests that do not set num_speculative_tokens")
     max_num_speculative_tokens: int = setting(16, "largest γ a request may ask for")

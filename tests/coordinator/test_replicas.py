@@ -21,9 +21,9 @@ def coordinator_health(address: str) -> int:
         return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10).status
 
 
-def outcome(client: Client) -> grpc.StatusCode:
+def outcome(client: Client, max_new_tokens: int = 6) -> grpc.StatusCode:
     try:
-        client.generate(PROMPT, max_new_tokens=6, num_speculative_tokens=2)
+        client.generate(PROMPT, max_new_tokens=max_new_tokens, num_speculative_tokens=2)
     except grpc.RpcError as error:
         return error.code()
     return grpc.StatusCode.OK
