@@ -1,10 +1,13 @@
 """The addresses a --draft-replicas / --verify-replicas setting names: fixed entries as given, `dns:///NAME:PORT`
-entries as one address per IP that DNS gives NAME now (A and AAAA records, looked up with dnspython)."""
+entries as one address per IP that NAME resolves to now (the system's resolver, or dnspython on a given
+nameserver)."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
+import socket
 from collections.abc import Sequence
 
 import dns.asyncresolver
@@ -29,27 +32,35 @@ def join_host_port(host: str, port: int) -> str:
 
 
 class DnsResolver:
-    """Looks a name up on the nameserver given as HOST:PORT, else on the system's (/etc/resolv.conf, with its
-    search domains, so a Kubernetes Service's short name works)."""
+    """Looks a name up on the nameserver given as HOST:PORT (dnspython), else with the system's resolver
+    (getaddrinfo: /etc/hosts, then /etc/resolv.conf with its search domains, so `localhost` and a Kubernetes
+    Service's short name both work)."""
 
     def __init__(self, nameserver: str = "", timeout_s: float = 2.0):
+        self.timeout_s = timeout_s
+        self._resolver: dns.asyncresolver.Resolver | None = None
         if nameserver:
             host, port = split_host_port(nameserver)
             self._resolver = dns.asyncresolver.Resolver(configure=False)
             self._resolver.nameservers = [host]
             self._resolver.port = port
-        else:
-            self._resolver = dns.asyncresolver.Resolver()
-        self._resolver.lifetime = timeout_s
+            self._resolver.lifetime = timeout_s
 
     async def ips(self, name: str) -> list[str]:
-        """The name's IPs, sorted (an IP literal is its own answer); raises dns.exception.DNSException."""
+        """The name's IPs, sorted (an IP literal is its own answer); raises RESOLUTION_ERRORS."""
         try:
             return [str(ipaddress.ip_address(name))]
         except ValueError:
             pass
-        answer = await self._resolver.resolve_name(name, search=True)
-        return sorted(set(answer.addresses()))
+        if self._resolver is not None:
+            answer = await self._resolver.resolve_name(name, search=True)
+            return sorted(set(answer.addresses()))
+        lookup = asyncio.get_running_loop().getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        infos = await asyncio.wait_for(lookup, self.timeout_s)
+        return sorted({info[4][0] for info in infos})
+
+
+RESOLUTION_ERRORS = (dns.exception.DNSException, OSError)  # OSError: socket.gaierror, TimeoutError
 
 
 class ReplicaTargets:
@@ -78,7 +89,7 @@ class ReplicaTargets:
         host, port = split_host_port(entry.removeprefix(DNS_PREFIX))
         try:
             ips = await self.resolver.ips(host)
-        except dns.exception.DNSException as error:
+        except RESOLUTION_ERRORS as error:
             if entry not in self._last:
                 raise DownstreamUnavailableError(f"{self.kind} replicas: resolving {entry} failed: {error}") from None
             log.warning("%s replicas: resolving %s failed (%s); keeping %s", self.kind, entry, error, self._last[entry])

@@ -28,7 +28,7 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
         "a vanished one leaves it and is closed after its sessions end (0: resolve once at start-up)",
     )
     dns_nameserver: str = setting(
-        "", "HOST:PORT of the DNS server for dns:/// entries (empty: the system's, from /etc/resolv.conf)"
+        "", "HOST:PORT of a DNS server to ask for dns:/// entries (empty: the system's resolver, /etc/hosts first)"
     )
     tokenizer: str = setting(str(DEMO_TARGET_DIR), "tokenizer directory or hub id (the target's)")
     default_num_speculative_tokens: int = setting(4, "γ for requests that do not set num_speculative_tokens")

@@ -1,4 +1,4 @@
-"""dns:/// replica entries looked up with dnspython on a loopback DNS server whose records the tests change."""
+"""dns:/// replica entries: looked up on a loopback DNS server whose records the tests change, or by the system."""
 
 from __future__ import annotations
 
@@ -41,3 +41,9 @@ def test_targets_follow_the_records_and_a_failed_lookup_keeps_the_last_answer():
             assert not ReplicaTargets("draft", ["127.0.0.1:1"], resolver).dynamic
 
         asyncio.run(scenario())
+
+
+def test_without_a_nameserver_the_system_resolver_answers_names_from_etc_hosts():
+    targets = ReplicaTargets("draft", ["dns:///localhost:50061"], DnsResolver())
+    addresses = asyncio.run(targets.addresses())
+    assert addresses and set(addresses) <= {"127.0.0.1:50061", "[::1]:50061"}
