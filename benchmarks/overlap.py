@@ -37,7 +37,7 @@ from coordinator.validation import plan_request
 from specdec.client import Client, build_request
 from specdec.cpu_affinity import pin_cpus
 from specdec.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
-from specdec.local_stack import LocalStack, start_service
+from specdec.local_stack import LocalStack
 from specdec.v1 import drafter_pb2_grpc, verifier_pb2_grpc
 
 POLICIES = {"all_accepted": 0, "guesses_1": 1, "guesses_2": 2, "guesses_3": 3}  # mode -> --predraft-guesses
@@ -229,20 +229,7 @@ def main(argv: list[str] | None = None) -> dict:
         coordinator_args=coordinator_args[DEFAULT_POLICY],
     ) as stack:  # the stack's own serves the default
         coordinators = {
-            mode: start_service(
-                f"coordinator-{mode}",
-                "coordinator",
-                [
-                    "--tokenizer",
-                    args.target,
-                    "--draft-replicas",
-                    stack.services["draft"].address,
-                    "--verify-replicas",
-                    stack.services["verify"].address,
-                    *flags,
-                ],
-                stack.log_dir,
-            )
+            mode: stack.start_coordinator(f"coordinator-{mode}", *flags)
             for mode, flags in coordinator_args.items()
             if mode != DEFAULT_POLICY
         }

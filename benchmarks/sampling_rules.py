@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from benchmarks.stack_runs import RequestRun, environment, prompt_texts, results_dir, timed_generate, totals, write_json
 from specdec.client import Client
 from specdec.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
-from specdec.local_stack import LocalStack, start_service
+from specdec.local_stack import LocalStack
 
 MODES = {  # mode -> its coordinator's extra flags
     "rejection": ["--unseeded-sampling-rule", "rejection"],
@@ -76,21 +76,12 @@ def measure(
 def start_coordinators(stack: LocalStack, gamma: int, adaptive: bool) -> dict[str, object]:
     """One coordinator per mode on the stack's replicas."""
     common = [
-        "--tokenizer",
-        stack.target,
-        "--draft-replicas",
-        stack.services["draft"].address,
-        "--verify-replicas",
-        stack.services["verify"].address,
         "--overlap",
         "--adaptive-gamma" if adaptive else "--no-adaptive-gamma",
         "--default-num-speculative-tokens",
         str(gamma),
     ]
-    return {
-        mode: start_service(f"coordinator-{mode}", "coordinator", [*common, *flags], stack.log_dir)
-        for mode, flags in MODES.items()
-    }
+    return {mode: stack.start_coordinator(f"coordinator-{mode}", *common, *flags) for mode, flags in MODES.items()}
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -97,25 +97,21 @@ class LocalStack:
             self.services["verify"] = start_service(
                 "verify", "verify_service", ["--model", self.target, *self.verify_args], self.log_dir, env=self.env
             )
-            self.services["coordinator"] = start_service(
-                "coordinator",
-                "coordinator",
-                [
-                    "--tokenizer",
-                    self.target,
-                    "--draft-replicas",
-                    self.services["draft"].address,
-                    "--verify-replicas",
-                    self.services["verify"].address,
-                    *self.coordinator_args,
-                ],
-                self.log_dir,
-                env=self.env,
-            )
+            self.start_coordinator("coordinator", *self.coordinator_args)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def wiring(self) -> list[str]:
+        """Coordinator flags naming this stack's tokenizer (the target's) and its draft and verify replicas."""
+        draft, verify = self.services["draft"].address, self.services["verify"].address
+        return ["--tokenizer", self.target, "--draft-replicas", draft, "--verify-replicas", verify]
+
+    def start_coordinator(self, name: str, *args: str) -> ServiceProcess:
+        """Starts a coordinator on this stack's replicas with extra flags; stop() stops it with the rest."""
+        self.services[name] = start_service(name, "coordinator", [*self.wiring(), *args], self.log_dir, env=self.env)
+        return self.services[name]
 
     @property
     def address(self) -> str:
@@ -123,9 +119,9 @@ class LocalStack:
         return self.services["coordinator"].address
 
     def stop(self) -> None:
-        for name in ("coordinator", "draft", "verify"):
-            if name in self.services:
-                self.services[name].stop()
+        """Stops the coordinators first, then the replicas."""
+        for name in sorted(self.services, key=lambda name: name in ("draft", "verify")):
+            self.services[name].stop()
 
     def __enter__(self) -> LocalStack:
         return self.start()

@@ -15,7 +15,7 @@ from scipy.stats import chisquare
 
 from specdec.client import Client
 from specdec.kv_session import KVSession
-from specdec.local_stack import LocalStack, start_service
+from specdec.local_stack import LocalStack
 from specdec.reference_loop import target_only_generate
 from specdec.sampling import SamplingParams, logits_to_probs
 from specdec.v1 import common_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
@@ -44,20 +44,7 @@ def client(stack):
 def fixed_gamma_client(stack):
     """A second coordinator on the same batching replicas that always drafts the request's γ. (On the tiny pair
     a draft pass costs about a target pass, so adaptive γ rightly chooses plain decoding.)"""
-    service = start_service(
-        "coordinator-fixed-gamma",
-        "coordinator",
-        [
-            "--tokenizer",
-            stack.target,
-            "--draft-replicas",
-            stack.services["draft"].address,
-            "--verify-replicas",
-            stack.services["verify"].address,
-            "--no-adaptive-gamma",
-        ],
-        stack.log_dir,
-    )
+    service = stack.start_coordinator("coordinator-fixed-gamma", "--no-adaptive-gamma")
     with Client(service.address, timeout_s=120) as c:
         yield c
     service.stop()

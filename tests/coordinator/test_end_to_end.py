@@ -11,7 +11,7 @@ import pytest
 
 from coordinator.predraft import DraftLane, guesses
 from specdec.client import Client
-from specdec.local_stack import LocalStack, start_service
+from specdec.local_stack import LocalStack
 from specdec.model_runtime import LoadedModel, ModelSettings
 from specdec.reference_loop import speculative_generate, target_only_generate
 from specdec.sampling import SamplingParams, SamplingRule
@@ -38,21 +38,7 @@ def stack(tiny_pair_dirs):
 @pytest.fixture(scope="module")
 def sequential_address(stack):
     """A second coordinator on the same replicas with overlap off."""
-    service = start_service(
-        "coordinator-sequential",
-        "coordinator",
-        [
-            "--tokenizer",
-            stack.target,
-            "--draft-replicas",
-            stack.services["draft"].address,
-            "--verify-replicas",
-            stack.services["verify"].address,
-            "--no-overlap",
-            "--no-adaptive-gamma",
-        ],
-        stack.log_dir,
-    )
+    service = stack.start_coordinator("coordinator-sequential", "--no-overlap", "--no-adaptive-gamma")
     yield service.address
     service.stop()
 
@@ -60,19 +46,7 @@ def sequential_address(stack):
 @pytest.fixture(scope="module")
 def adaptive_address(stack):
     """A third coordinator on the same replicas with adaptive γ and the gate on (their defaults)."""
-    service = start_service(
-        "coordinator-adaptive",
-        "coordinator",
-        [
-            "--tokenizer",
-            stack.target,
-            "--draft-replicas",
-            stack.services["draft"].address,
-            "--verify-replicas",
-            stack.services["verify"].address,
-        ],
-        stack.log_dir,
-    )
+    service = stack.start_coordinator("coordinator-adaptive")
     yield service.address
     service.stop()
 
