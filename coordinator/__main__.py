@@ -77,7 +77,6 @@ async def build_servicer(settings: CoordinatorSettings) -> tuple[CoordinatorServ
     """The servicer on ready replicas, and the discovery of each pool named by dns:/// entries (not started)."""
     if not 0 <= settings.predraft_guesses <= MAX_RANKED_ALTERNATIVES:
         raise ValueError(f"predraft_guesses must be in [0, {MAX_RANKED_ALTERNATIVES}], got {settings.predraft_guesses}")
-    settings.unseeded_rule  # noqa: B018 - raises ValueError naming the setting if it names no rule
     tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer)
     security = dict(
         credentials=channel_credentials(settings.replica_tls_ca, settings.replica_tls_cert, settings.replica_tls_key),

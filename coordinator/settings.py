@@ -64,8 +64,8 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
         "speculating, measure committed tokens/s in epochs with speculation and "
         "epochs of plain rounds at each load, and keep the faster way",
     )
-    unseeded_sampling_rule: str = setting(
-        "rejection",
+    unseeded_sampling_rule: SamplingRule = setting(
+        SamplingRule.REJECTION,
         "how sampled requests without a seed are judged: 'rejection' (accept x with probability "
         "min(1, p(x)/q(x)); the draft sends its q) or 'coupled' (Gumbel-max coupling: the draft and "
         "the target share each position's noise, no q is sent, and rejections become guessable for "
@@ -123,14 +123,3 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
     )
     trace_sample_ratio: float = setting(1.0, "share of new traces recorded (parent-based: callers' choice wins)")
     log_level: str = setting("INFO", "logging level")
-
-    @property
-    def unseeded_rule(self) -> SamplingRule:
-        """unseeded_sampling_rule as a SamplingRule; ValueError naming the setting when it is neither rule."""
-        try:
-            return SamplingRule(self.unseeded_sampling_rule)
-        except ValueError:
-            raise ValueError(
-                f"unseeded_sampling_rule must be one of {[rule.value for rule in SamplingRule]}, "
-                f"got {self.unseeded_sampling_rule!r}"
-            ) from None

@@ -71,7 +71,7 @@ def plan_request(
     params = sampling_from_proto(request.sampling, default_seed=secrets.randbits(63))
     # A seeded request's tokens must be a function of prompt, settings and seed alone: only the coupled rule
     # makes them independent of the blocks the rounds happen to use.
-    rule = SamplingRule.COUPLED if request.sampling.HasField("seed") else settings.unseeded_rule
+    rule = SamplingRule.COUPLED if request.sampling.HasField("seed") else settings.unseeded_sampling_rule
     params = dataclasses.replace(params, rule=rule)
     return GenerationPlan(
         request_id=request.request_id or uuid.uuid4().hex,

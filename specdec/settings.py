@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import os
 import typing
 from collections.abc import Mapping, Sequence
@@ -41,6 +42,11 @@ def _parse_value(kind: Any, raw: str) -> Any:
         raise ValueError(f"not a boolean: {raw!r}")
     if typing.get_origin(kind) is tuple:
         return tuple(part.strip() for part in raw.split(",") if part.strip())
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        try:
+            return kind(raw)
+        except ValueError:
+            raise ValueError(f"must be one of {[member.value for member in kind]}, got {raw!r}") from None
     return kind(raw)
 
 
@@ -50,7 +56,8 @@ def settings_parser(cls: type, description: str) -> argparse.ArgumentParser:
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
         kind = hints[field.name]
-        help_text = f"{field.metadata.get('help', '')} [env {env_name(field.name)}; default {field.default!r}]"
+        default = field.default.value if isinstance(field.default, enum.Enum) else field.default
+        help_text = f"{field.metadata.get('help', '')} [env {env_name(field.name)}; default {default!r}]"
         if kind is bool:
             parser.add_argument(
                 flag_name(field.name), action=argparse.BooleanOptionalAction, default=None, help=help_text
@@ -80,5 +87,8 @@ def parse_settings(
             raw = environ[env_name(field.name)]
         if raw is None:
             continue
-        values[field.name] = raw if isinstance(raw, bool) else _parse_value(hints[field.name], raw)
+        try:
+            values[field.name] = raw if isinstance(raw, bool) else _parse_value(hints[field.name], raw)
+        except ValueError as error:
+            raise ValueError(f"{field.name} {error}") from None
     return cls(**values)

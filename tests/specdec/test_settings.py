@@ -1,0 +1,30 @@
+"""Settings from flags and environment: enum fields parse by value, and a bad value names its field."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from coordinator.settings import CoordinatorSettings
+from specdec.sampling import SamplingRule
+from specdec.settings import parse_settings, settings_parser
+
+
+def test_an_enum_setting_parses_its_values_from_flags_and_environment():
+    assert parse_settings(CoordinatorSettings, [], environ={}).unseeded_sampling_rule is SamplingRule.REJECTION
+    flag = ["--unseeded-sampling-rule", "coupled"]
+    assert parse_settings(CoordinatorSettings, flag, environ={}).unseeded_sampling_rule is SamplingRule.COUPLED
+    environ = {"SPECDEC_UNSEEDED_SAMPLING_RULE": "coupled"}
+    assert parse_settings(CoordinatorSettings, [], environ=environ).unseeded_sampling_rule is SamplingRule.COUPLED
+
+
+def test_a_bad_value_names_the_setting_and_the_choices():
+    with pytest.raises(ValueError, match=r"unseeded_sampling_rule must be one of \['rejection', 'coupled'\]"):
+        parse_settings(CoordinatorSettings, ["--unseeded-sampling-rule", "greedy"], environ={})
+    with pytest.raises(ValueError, match="max_new_tokens_limit"):
+        parse_settings(CoordinatorSettings, [], environ={"SPECDEC_MAX_NEW_TOKENS_LIMIT": "many"})
+
+
+def test_help_shows_an_enum_default_by_its_value():
+    assert re.search(r"default\s+'rejection'", settings_parser(CoordinatorSettings, "").format_help())
