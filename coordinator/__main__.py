@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from transformers import AutoTokenizer, GenerationConfig
 
+from coordinator.background_tasks import BackgroundTasks
 from coordinator.generation import MAX_RANKED_ALTERNATIVES
 from coordinator.replica_discovery import ReplicaDiscovery
 from coordinator.replica_targets import DnsResolver, ReplicaTargets
@@ -117,7 +118,7 @@ async def build_servicer(settings: CoordinatorSettings) -> tuple[CoordinatorServ
 def follow_verify_health(running: RunningServer, verify_pool: ReplicaPool) -> None:
     """The coordinator's grpc.health.v1 status follows its verify replicas: NOT_SERVING while none is in placement
     (every request would fail), SERVING again once one is back; a draining coordinator stays NOT_SERVING."""
-    updates: set[asyncio.Future] = set()
+    updates = BackgroundTasks()
 
     async def update() -> None:
         if not running.stop_requested.is_set():
@@ -131,11 +132,7 @@ def follow_verify_health(running: RunningServer, verify_pool: ReplicaPool) -> No
                 len(verify_pool.replicas),
             )
 
-    def changed() -> None:
-        updates.add(task := asyncio.ensure_future(update()))
-        task.add_done_callback(updates.discard)
-
-    verify_pool.on_health_change = changed
+    verify_pool.on_health_change = lambda: updates.start(update())
 
 
 async def serve(settings: CoordinatorSettings) -> None:

@@ -10,12 +10,13 @@ import logging
 
 import grpc
 
+from coordinator.background_tasks import BackgroundTasks
 from coordinator.replicas import Replica
 from specdec.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 CLOSE_RETRY_DELAY_S = 1.0  # a replica that was only slow or restarting gets this long before the second try
-_retries: set[asyncio.Future] = set()  # retries in flight (referenced until done)
+_retries = BackgroundTasks()  # retries in flight
 
 
 def retry_close_later(replica: Replica, session_id: str, timeout_s: float) -> asyncio.Future:
@@ -41,6 +42,4 @@ def retry_close_later(replica: Replica, session_id: str, timeout_s: float) -> as
                 await replica.channel.close()
 
     replica.pending_closes += 1
-    _retries.add(task := asyncio.ensure_future(retry()))
-    task.add_done_callback(_retries.discard)
-    return task
+    return _retries.start(retry())

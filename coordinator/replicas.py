@@ -11,6 +11,7 @@ from typing import Generic, TypeVar
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from coordinator.background_tasks import BackgroundTasks
 from coordinator.speculation_policy import PassLoad
 from specdec.errors import DownstreamUnavailableError
 from specdec.grpc_options import channel_options
@@ -65,7 +66,7 @@ class ReplicaPool(Generic[StubT]):
         self._make_stub = make_stub
         self._credentials = credentials
         self._options = [*channel_options(), *options]
-        self._tasks: set[asyncio.Future] = set()  # health probes and channel closes in flight
+        self._tasks = BackgroundTasks()  # health probes and channel closes in flight
         self.replicas: list[Replica[StubT]] = [self.open(address) for address in addresses]
 
     def open(self, address: str) -> Replica[StubT]:
@@ -87,7 +88,7 @@ class ReplicaPool(Generic[StubT]):
         """One session on the replica ended; a retired replica's channel closes once it is unused."""
         replica.active_sessions -= 1
         if replica.unused:
-            self._background(replica.channel.close())
+            self._tasks.start(replica.channel.close())
 
     @property
     def any_healthy(self) -> bool:
@@ -115,7 +116,7 @@ class ReplicaPool(Generic[StubT]):
             self._healthy_count(),
         )
         if replica.unused:
-            self._background(replica.channel.close())
+            self._tasks.start(replica.channel.close())
         self._health_changed()
 
     def mark_unhealthy(self, replica: Replica[StubT], probe_interval_s: float = 1.0) -> None:
@@ -132,7 +133,7 @@ class ReplicaPool(Generic[StubT]):
             self._healthy_count(),
         )
         self._health_changed()
-        self._background(self._probe(replica, probe_interval_s))
+        self._tasks.start(self._probe(replica, probe_interval_s))
 
     async def _probe(self, replica: Replica[StubT], interval_s: float) -> None:
         health = health_pb2_grpc.HealthStub(replica.channel)
@@ -151,10 +152,6 @@ class ReplicaPool(Generic[StubT]):
     def _health_changed(self) -> None:
         if self.on_health_change is not None:
             self.on_health_change()
-
-    def _background(self, work) -> None:
-        self._tasks.add(task := asyncio.ensure_future(work))
-        task.add_done_callback(self._tasks.discard)
 
     async def ready(self, replica: Replica[StubT], timeout_s: float) -> None:
         """Waits until the replica says SERVING and answers Info (fetching it and its pass cost), or raises
