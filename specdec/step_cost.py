@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 from specdec.model_runtime import LoadedModel
 
@@ -65,13 +66,21 @@ class StepCost:
         return self.fixed_ns + self.per_token_ns * tokens
 
 
+def synchronized_clock_ns(device: torch.device) -> int:
+    """perf_counter_ns once `device` has finished the work queued on it: CUDA runs kernels asynchronously, so a
+    clock read without a synchronize times the launches, not the pass."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter_ns()
+
+
 def calibrate(
     model: LoadedModel, one_token_rows: bool = False, token_counts: Sequence[int] = CALIBRATION_TOKENS, repeats: int = 3
 ) -> StepCost:
     """Times passes of each token count on fresh caches (median of `repeats`) and fits the line.
 
     The tokens of a pass are one row (a verify block, a prefill) or, with one_token_rows, that many rows of
-    one token each (a batched draft position).
+    one token each (a batched draft position). The clock is read after the device has synchronised.
     """
     medians = []
     for count in token_counts:
@@ -79,9 +88,9 @@ def calibrate(
         times = []
         for _ in range(repeats):
             rows = [([1] * tokens, model.new_cache(), 1) for tokens in shape]
-            started = time.perf_counter_ns()
+            started = synchronized_clock_ns(model.device)
             model.forward_rows(rows)
-            times.append(time.perf_counter_ns() - started)
+            times.append(synchronized_clock_ns(model.device) - started)
         medians.append(statistics.median(times))
     per_token, fixed = np.polyfit(np.array(token_counts, dtype=float), np.array(medians, dtype=float), 1)
     cost = StepCost(max(float(fixed), 0.0), max(float(per_token), 0.0))
