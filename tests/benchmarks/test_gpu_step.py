@@ -1,0 +1,55 @@
+"""The GPU step benchmark's CPU dry run: every phase on tiny shapes, the report's contents, exact greedy stack."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks import gpu_step
+
+
+def test_dry_run_times_every_step_and_runs_the_stack(tmp_path, capsys):
+    report = gpu_step.main(["--dry-run", "--out-dir", str(tmp_path), "--work-dir", str(tmp_path / "models")])
+    printed = capsys.readouterr().out
+    assert "target_verify batch 16 (project)" in printed and "stack phase" in printed
+
+    assert json.loads((tmp_path / "gpu_step.json").read_text()) == report
+    assert report["png"] == str(tmp_path / "gpu_step.png")
+    assert (tmp_path / "gpu_step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report["dry_run"] and report["copy_bandwidth_gb_per_s"] > 0
+    assert set(report["phases_s"]) == {"build", "save", "steps", "stack"}
+    for role in ("target", "draft"):
+        model = report["models"][role]
+        assert model["weight_bytes"] == 4 * model["parameters"] > 0  # float32 on CPU
+
+    steps = report["steps"]
+    assert set(steps) == {"target_plain", "target_verify", "draft_plain"}
+    assert [steps[case]["tokens_per_row"] for case in steps] == [1, 5, 1]
+    for figures in steps.values():
+        assert figures["bandwidth_bound_ms"] > 0
+        for batch in ("1", "4", "16"):
+            measured = figures[batch]
+            for contender in ("hf_eager_static_cache", "project_step"):
+                assert measured[contender]["median_ms"] >= measured[contender]["min_ms"] > 0
+                assert measured[contender]["samples"] == 3
+            # Nothing is made up for what cannot run here: each says why.
+            assert "CUDA device" in measured["hf_cuda_graph_static_cache"]["error"]
+            assert "no CUDA-graph step" in measured["project_step_cuda_graphs"]["error"]
+    assert steps["target_plain"]["bandwidth_bound_ms"] > steps["draft_plain"]["bandwidth_bound_ms"]
+
+    stack = report["stack"]
+    assert stack["gamma"] == 4 and stack["startup_s"] > 0
+    for concurrency, requests in ((1, 2), (16, 16)):
+        passes = stack[f"concurrency_{concurrency}"]
+        plain, speculative = passes["plain"], passes["speculative"]
+        assert plain["requests"] == speculative["requests"] == requests
+        assert plain["drafted_tokens"] == 0 < speculative["drafted_tokens"]
+        assert plain["tokens_per_s_wall"] > 0 and speculative["tokens_per_s_wall"] > 0 and passes["speedup"] > 0
+        # Greedy decoding is exact: speculation emits the target's own tokens.
+        assert passes["greedy_outputs_identical"] and plain["token_ids"] == speculative["token_ids"]
+        assert all(plain["token_ids"])
+
+
+def test_no_stack_names_why_and_keeps_the_steps(tmp_path):
+    report = gpu_step.main(["--dry-run", "--no-stack", "--out-dir", str(tmp_path)])
+    assert report["stack"] == {"skipped": "--no-stack given"}
+    assert "save" not in report["phases_s"] and report["steps"]["draft_plain"]["1"]["project_step"]["median_ms"] > 0
