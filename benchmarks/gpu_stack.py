@@ -99,14 +99,19 @@ def run_stack(
                     passes[mode] = {"skipped": "time budget spent"}
                     continue
                 timeout_s = max(deadline - time.monotonic(), 30.0)
-                passes[mode] = run_concurrent(
-                    stack.address,
-                    prompts,
-                    concurrency,
-                    timeout_s,
-                    max_new_tokens=max_new_tokens,
-                    num_speculative_tokens=mode_gamma,
-                )
+                try:
+                    passes[mode] = run_concurrent(
+                        stack.address,
+                        prompts,
+                        concurrency,
+                        timeout_s,
+                        max_new_tokens=max_new_tokens,
+                        num_speculative_tokens=mode_gamma,
+                    )
+                except Exception as error:  # a pass past its deadline (or failing) is reported; the others stand
+                    passes[mode] = {"error": f"{type(error).__name__}: {error}"[:1000]}
+                    print(f"  c{concurrency} {mode}: failed: {passes[mode]['error']}", flush=True)
+                    continue
                 print(
                     f"  c{concurrency} {mode}: {passes[mode]['tokens_per_s_wall']:.1f} tokens/s "
                     f"(α {passes[mode]['acceptance_rate']}) in {passes[mode]['wall_s']:.1f}s",
