@@ -375,8 +375,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     tokenizer = word_tokenizer(plan.target.vocab)
     models = build_phase(clock, plan, device, torch.float32 if args.dry_run else torch.bfloat16, report)
+    work_dir = args.work_dir or pathlib.Path(tempfile.mkdtemp(prefix="gpu-step-"))
     if stack_blocked is None:
-        work_dir = args.work_dir or pathlib.Path(tempfile.mkdtemp(prefix="gpu-step-"))
         dirs = save_phase(clock, models, tokenizer, work_dir, report)
     steps_phase(clock, plan, models, tokenizer, plan.stack_reserve_s if stack_blocked is None else 10.0, report)
     del models
@@ -396,8 +396,8 @@ def main(argv: list[str] | None = None) -> dict:
             report["stack"] = {"error": f"{type(error).__name__}: {error}"[-3000:]}
             clock.log(f"stack phase failed: {report['stack']['error']}")
         report["phases_s"]["stack"] = round(time.monotonic() - started, 2)
-        if args.work_dir is None:
-            shutil.rmtree(work_dir, ignore_errors=True)
+    if args.work_dir is None:
+        shutil.rmtree(work_dir, ignore_errors=True)
     write_report(out_dir, report, plan, clock)
     return report
 

@@ -60,6 +60,15 @@ def test_no_stack_names_why_and_keeps_the_steps(tmp_path):
     assert "save" not in report["phases_s"] and report["steps"]["draft_plain"]["1"]["project_step"]["median_ms"] > 0
 
 
+def test_a_spent_budget_skips_phases_by_name_and_still_writes_the_report(tmp_path):
+    report = gpu_step.main(["--dry-run", "--budget-s", "0", "--out-dir", str(tmp_path), "--work-dir", str(tmp_path)])
+    assert json.loads((tmp_path / "gpu_step.json").read_text()) == report
+    for figures in report["steps"].values():
+        assert all(figures[batch] == {"skipped": "time budget spent"} for batch in ("1", "4", "16"))
+        assert figures["bandwidth_bound_ms"] > 0
+    assert report["stack"]["skipped"].startswith("time budget")
+
+
 def test_loads_as_a_script_from_anywhere_without_the_serving_packages():
     script = gpu_step.REPO_ROOT / "benchmarks" / "gpu_step.py"
     loaded = subprocess.run(
