@@ -248,9 +248,12 @@ def write_png(path: pathlib.Path, steps: dict, plan: Plan) -> str:
             values = [figures.get(str(b), {}).get(contender, {}).get("median_ms", 0.0) for b in plan.batches]
             positions = [b + (index - (len(CONTENDERS) - 1) / 2) * width for b in range(len(plan.batches))]
             axis.bar(positions, values, width, label=contender)
+            for position, value in zip(positions, values):
+                if not value:  # not measured: the JSON says why
+                    axis.text(position, 0, "n/a", rotation=90, fontsize=6, ha="center", va="bottom")
         axis.axhline(figures["bandwidth_bound_ms"], color="black", linestyle="--", label="bandwidth bound")
         axis.set_xticks(range(len(plan.batches)), [f"batch {b}" for b in plan.batches])
-        axis.set_title(f"{case} ({figures['tokens_per_row']} tokens/row)")
+        axis.set_title(f"{case}: {figures['tokens_per_row']} token(s) per row")
         axis.set_ylabel("median ms per step")
     axes[0][0].legend(fontsize=7)
     figure.tight_layout()
