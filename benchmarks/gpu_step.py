@@ -20,14 +20,16 @@ the GPU machine lacks, so carry them as wheels. Once, in the repository root of 
       grpcio-reflection==1.85.1 opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 \\
       opentelemetry-semantic-conventions==0.66b2 redis==8.2.0 dnspython==2.9.2
 
-(about 9 MB). Then on the GPU machine, carrying `.whl`, with a 600 s limit (about 5-7 minutes expected):
+(about 9 MB). Then on the GPU machine, carrying `.whl`, with a 600 s limit (about 5-7 minutes expected), as one
+line:
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site
-      .whl/*.whl && export PYTHONPATH=/tmp/site; PYTHONUNBUFFERED=1 timeout 580 python3 benchmarks/gpu_step.py
-      2>&1 | tee $OUT/gpu_step.log; cp benchmarks/results/gpu_step.* $OUT/
+      .whl/*.whl && export PYTHONPATH=/tmp/site || exit; PYTHONUNBUFFERED=1 timeout 570 python3
+      benchmarks/gpu_step.py 2>&1 | tee $OUT/gpu_step.log; cp benchmarks/results/gpu_step.* $OUT/
 
 Without the wheels the stack phase is skipped with the missing module named and the rest still runs.
-`--dry-run` runs every phase on CPU with tiny shapes in well under a minute (tests/benchmarks/test_gpu_step.py).
+`--dry-run` runs every phase on CPU with tiny shapes, in about half a minute on an idle core
+(tests/benchmarks/test_gpu_step.py).
 """
 
 from __future__ import annotations
