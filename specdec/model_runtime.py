@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 
 from specdec.cpu_lm_head import use_onednn_lm_head
 from specdec.kv_pool import KVPool, SequenceKV
-from specdec.packed_forward import PACKED_ATTENTION, packed_forward, supports_packed_forward
+from specdec.packed_forward import PACKED_ATTENTION, packed_forward
+from specdec.packed_self_test import choose_forward_path
 from specdec.ragged_attention import AttendRows, kernel_fits, load_kernel
 
 log = logging.getLogger(__name__)
@@ -72,9 +73,9 @@ Cache = DynamicCache | SequenceKV
 class LoadedModel:
     """A causal LM and its tokenizer, ready for cached forward passes on one device.
 
-    Models with plain causal attention run packed (specdec/packed_forward.py): their caches are SequenceKV
-    buffers and `forward_rows` runs many sequences in one pass. Others keep DynamicCache and run one
-    sequence per pass.
+    Models whose attention the packed forward reproduces run packed (specdec/packed_forward.py): their caches are
+    SequenceKV buffers and `forward_rows` runs many sequences in one pass. Others keep a DynamicCache and run one
+    sequence per pass; `unpacked_reason` says why. A start-up self-test decides (specdec/packed_self_test.py).
     """
 
     def __init__(self, settings: ModelSettings, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
@@ -86,16 +87,27 @@ class LoadedModel:
         self.max_context_tokens: int = model.config.max_position_embeddings
         self.identity = VocabularyIdentity(settings.model, self.vocab_size, tokenizer_sha256(tokenizer))
         self.eos_token_ids: frozenset[int] = frozenset(_eos_ids(model, tokenizer))
-        self.packed = supports_packed_forward(model.config)
+        self.packed = False
         self.attention_kernel: AttendRows | None = None  # for packed passes' short rows; None: SDPA
-        if self.packed:
-            model.set_attn_implementation(PACKED_ATTENTION)
-            self.kv_pool = KVPool(model.config.num_hidden_layers)  # every sequence's keys/values on this model
-            head_dim = getattr(model.config, "head_dim", None) or (
-                model.config.hidden_size // model.config.num_attention_heads
-            )
-            if settings.attention_kernel and kernel_fits(self.device, model.dtype, head_dim):
-                self.attention_kernel = load_kernel()
+        self.unpacked_reason = choose_forward_path(self)  # None: packed
+        if self.unpacked_reason is not None:
+            log.warning("%s runs one sequence per pass: %s", settings.model, self.unpacked_reason)
+
+    def use_packed_forward(self) -> None:
+        """Many sequences per pass from now on: packed attention, a KVPool, the compiled kernel where it fits."""
+        model, config = self.model, self.model.config
+        model.set_attn_implementation(PACKED_ATTENTION)
+        self.kv_pool = KVPool(config.num_hidden_layers)  # every sequence's keys/values on this model
+        head_dim = getattr(config, "head_dim", None) or (config.hidden_size // config.num_attention_heads)
+        if self.settings.attention_kernel and kernel_fits(self.device, model.dtype, head_dim):
+            self.attention_kernel = load_kernel()
+        self.packed = True
+
+    def use_cached_forward(self, attention: str) -> None:
+        """One sequence per pass from now on, on DynamicCache, with the model's own `attention` implementation."""
+        self.model.set_attn_implementation(attention)
+        self.attention_kernel = None
+        self.packed = False
 
     @classmethod
     def load(cls, settings: ModelSettings, **from_pretrained_kwargs) -> LoadedModel:
@@ -128,7 +140,7 @@ class LoadedModel:
         """An empty KV cache for one sequence."""
         if self.packed:
             return self.kv_pool.new_sequence()
-        return DynamicCache(config=self.model.config)
+        return DynamicCache()  # full layers, even for sliding-window models: a rollback may go past the window
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: Cache) -> torch.Tensor:
