@@ -46,24 +46,25 @@ def tokenizer_sha256(tokenizer: PreTrainedTokenizerBase) -> str:
 
 @dataclass(frozen=True)
 class VocabularyIdentity:
-    """What must agree between a draft and a target: logits width and tokenizer."""
+    """What must agree between a draft and a target: the tokenizer, and so the ids served (vocab_size)."""
 
     model_id: str
-    vocab_size: int
+    vocab_size: int  # ids served: the tokenizer's (embedding rows past it are padding, never served)
     tokenizer_sha256: str
 
 
 def check_same_vocabulary(target: VocabularyIdentity, draft: VocabularyIdentity) -> None:
-    """Refuses a draft/target pair whose vocabularies differ, saying what differs."""
-    if target.vocab_size != draft.vocab_size:
-        raise TokenizerMismatchError(
-            f"vocabulary size differs: target {target.model_id!r} has {target.vocab_size}, "
-            f"draft {draft.model_id!r} has {draft.vocab_size}"
-        )
+    """Refuses a draft/target pair whose tokenizers differ, saying what differs. Models that share a tokenizer but
+    pad their embedding matrices to different sizes agree: each serves the tokenizer's ids only."""
     if target.tokenizer_sha256 != draft.tokenizer_sha256:
         raise TokenizerMismatchError(
             f"token->id map differs: target {target.model_id!r} sha256 {target.tokenizer_sha256[:12]}…, "
             f"draft {draft.model_id!r} sha256 {draft.tokenizer_sha256[:12]}…"
+        )
+    if target.vocab_size != draft.vocab_size:  # one tokenizer, so only a model-free drafter's setting can differ
+        raise TokenizerMismatchError(
+            f"vocabulary size differs: target {target.model_id!r} serves {target.vocab_size} ids, "
+            f"draft {draft.model_id!r} {draft.vocab_size}"
         )
 
 
@@ -83,7 +84,10 @@ class LoadedModel:
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(settings.device)
-        self.vocab_size: int = model.config.vocab_size
+        # Ids served: the tokenizer's, of the embedding's rows (a matrix padded past the tokenizer, e.g. Qwen2.5-7B's
+        # 152,064 rows for 151,665 ids, has rows no token names). Logits are cut to this width, so padded ids
+        # are never drafted or sampled and a draft and a target that share a tokenizer have the same width.
+        self.vocab_size: int = min(model.config.vocab_size, len(tokenizer))
         self.max_context_tokens: int = model.config.max_position_embeddings
         self.identity = VocabularyIdentity(settings.model, self.vocab_size, tokenizer_sha256(tokenizer))
         self.eos_token_ids: frozenset[int] = frozenset(_eos_ids(model, tokenizer))
@@ -146,18 +150,17 @@ class LoadedModel:
     def forward(self, input_ids: torch.Tensor, cache: Cache) -> torch.Tensor:
         """Runs input_ids [1, T] after the cached prefix, extending the cache; returns float32 logits [T, V]."""
         if self.packed:
-            return packed_forward(
-                self.model, [(input_ids[0].tolist(), cache, input_ids.shape[1])], self.device, self.attention_kernel
-            )[0]
+            return self.forward_rows([(input_ids[0].tolist(), cache, input_ids.shape[1])])[0]
         output = self.model(input_ids=input_ids.to(self.device), cache=cache, use_cache=True)
-        return output.logits[0].float()
+        return output.logits[0, :, : self.vocab_size].float()
 
     def forward_rows(self, rows: Sequence[tuple[Sequence[int], Cache, int]]) -> list[torch.Tensor]:
         """Runs several sequences' new tokens, each after its own cached prefix: one packed pass when the model
         packs, else one pass per row. rows: (token ids, cache, how many last positions need logits); returns
         per row float32 logits [keep, V]."""
         if self.packed:
-            return packed_forward(self.model, rows, self.device, self.attention_kernel)
+            logits = packed_forward(self.model, rows, self.device, self.attention_kernel)
+            return [row_logits[:, : self.vocab_size] for row_logits in logits]
         return forward_each_row(self.forward, rows)
 
 

@@ -43,7 +43,7 @@ class UnsupportedModelError(ValueError):
 
 
 def probe_tokens(vocab_size: int) -> list[int]:
-    """PROBE_TOKENS ids spread over the vocabulary (deterministic)."""
+    """PROBE_TOKENS ids spread over the ids served (deterministic)."""
     return [(7919 * i + 13) % vocab_size for i in range(PROBE_TOKENS)]
 
 
@@ -115,7 +115,7 @@ def choose_forward_path(loaded: LoadedModel) -> str | None:
     """Runs the probe and leaves `loaded` on the packed path (returns None) or on the cached one (returns why not
     packed). Raises UnsupportedModelError when neither reproduces the model's own pass."""
     ids = probe_tokens(loaded.vocab_size)
-    reference = plain_logits(loaded.model, ids, loaded.device)
+    reference = plain_logits(loaded.model, ids, loaded.device)[:, : loaded.vocab_size]  # [T, V served]
     reason = packed_forward_refusal(loaded.model.config)
     if reason is None:
         own_attention = loaded.model.config._attn_implementation
