@@ -32,7 +32,7 @@ class MirroredModel:
         self._cache_ids: dict[int, int] = {}  # id(cache) -> the number the ranks know it by
         self._events: list[CacheEvent] = []  # opens and releases since the last step, in order
         self._next_id = 0
-        self._lock = threading.Lock()  # releases come from the garbage collector, on any thread
+        self._lock = threading.RLock()  # releases come from the garbage collector: any thread, or this one inside
 
     def new_cache(self) -> Cache:
         """An empty cache, opened on every rank with the next step."""
