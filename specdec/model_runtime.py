@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 
 from specdec.cpu_lm_head import use_onednn_lm_head
 from specdec.kv_pool import KVPool, SequenceKV
-from specdec.packed_forward import PACKED_ATTENTION, packed_forward, supports_packed_forward
+from specdec.packed_forward import PACKED_ATTENTION, packed_forward
+from specdec.packed_self_test import choose_forward_path
 from specdec.ragged_attention import AttendRows, kernel_fits, load_kernel
 
 log = logging.getLogger(__name__)
@@ -45,24 +46,25 @@ def tokenizer_sha256(tokenizer: PreTrainedTokenizerBase) -> str:
 
 @dataclass(frozen=True)
 class VocabularyIdentity:
-    """What must agree between a draft and a target: logits width and tokenizer."""
+    """What must agree between a draft and a target: the tokenizer, and so the ids served (vocab_size)."""
 
     model_id: str
-    vocab_size: int
+    vocab_size: int  # ids served: the tokenizer's (embedding rows past it are padding, never served)
     tokenizer_sha256: str
 
 
 def check_same_vocabulary(target: VocabularyIdentity, draft: VocabularyIdentity) -> None:
-    """Refuses a draft/target pair whose vocabularies differ, saying what differs."""
-    if target.vocab_size != draft.vocab_size:
-        raise TokenizerMismatchError(
-            f"vocabulary size differs: target {target.model_id!r} has {target.vocab_size}, "
-            f"draft {draft.model_id!r} has {draft.vocab_size}"
-        )
+    """Refuses a draft/target pair whose tokenizers differ, saying what differs. Models that share a tokenizer but
+    pad their embedding matrices to different sizes agree: each serves the tokenizer's ids only."""
     if target.tokenizer_sha256 != draft.tokenizer_sha256:
         raise TokenizerMismatchError(
             f"token->id map differs: target {target.model_id!r} sha256 {target.tokenizer_sha256[:12]}…, "
             f"draft {draft.model_id!r} sha256 {draft.tokenizer_sha256[:12]}…"
+        )
+    if target.vocab_size != draft.vocab_size:  # one tokenizer, so only a model-free drafter's setting can differ
+        raise TokenizerMismatchError(
+            f"vocabulary size differs: target {target.model_id!r} serves {target.vocab_size} ids, "
+            f"draft {draft.model_id!r} {draft.vocab_size}"
         )
 
 
@@ -72,9 +74,9 @@ Cache = DynamicCache | SequenceKV
 class LoadedModel:
     """A causal LM and its tokenizer, ready for cached forward passes on one device.
 
-    Models with plain causal attention run packed (specdec/packed_forward.py): their caches are SequenceKV
-    buffers and `forward_rows` runs many sequences in one pass. Others keep DynamicCache and run one
-    sequence per pass.
+    Models whose attention the packed forward reproduces run packed (specdec/packed_forward.py): their caches are
+    SequenceKV buffers and `forward_rows` runs many sequences in one pass. Others keep a DynamicCache and run one
+    sequence per pass; `unpacked_reason` says why. A start-up self-test decides (specdec/packed_self_test.py).
     """
 
     def __init__(self, settings: ModelSettings, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
@@ -82,20 +84,34 @@ class LoadedModel:
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(settings.device)
-        self.vocab_size: int = model.config.vocab_size
+        # Ids served: the tokenizer's, of the embedding's rows (a matrix padded past the tokenizer, e.g. Qwen2.5-7B's
+        # 152,064 rows for 151,665 ids, has rows no token names). Logits are cut to this width, so padded ids
+        # are never drafted or sampled and a draft and a target that share a tokenizer have the same width.
+        self.vocab_size: int = min(model.config.vocab_size, len(tokenizer))
         self.max_context_tokens: int = model.config.max_position_embeddings
         self.identity = VocabularyIdentity(settings.model, self.vocab_size, tokenizer_sha256(tokenizer))
         self.eos_token_ids: frozenset[int] = frozenset(_eos_ids(model, tokenizer))
-        self.packed = supports_packed_forward(model.config)
+        self.packed = False
         self.attention_kernel: AttendRows | None = None  # for packed passes' short rows; None: SDPA
-        if self.packed:
-            model.set_attn_implementation(PACKED_ATTENTION)
-            self.kv_pool = KVPool(model.config.num_hidden_layers)  # every sequence's keys/values on this model
-            head_dim = getattr(model.config, "head_dim", None) or (
-                model.config.hidden_size // model.config.num_attention_heads
-            )
-            if settings.attention_kernel and kernel_fits(self.device, model.dtype, head_dim):
-                self.attention_kernel = load_kernel()
+        self.unpacked_reason = choose_forward_path(self)  # None: packed
+        if self.unpacked_reason is not None:
+            log.warning("%s runs one sequence per pass: %s", settings.model, self.unpacked_reason)
+
+    def use_packed_forward(self) -> None:
+        """Many sequences per pass from now on: packed attention, a KVPool, the compiled kernel where it fits."""
+        model, config = self.model, self.model.config
+        model.set_attn_implementation(PACKED_ATTENTION)
+        self.kv_pool = KVPool(config.num_hidden_layers)  # every sequence's keys/values on this model
+        head_dim = getattr(config, "head_dim", None) or (config.hidden_size // config.num_attention_heads)
+        if self.settings.attention_kernel and kernel_fits(self.device, model.dtype, head_dim):
+            self.attention_kernel = load_kernel()
+        self.packed = True
+
+    def use_cached_forward(self, attention: str) -> None:
+        """One sequence per pass from now on, on DynamicCache, with the model's own `attention` implementation."""
+        self.model.set_attn_implementation(attention)
+        self.attention_kernel = None
+        self.packed = False
 
     @classmethod
     def load(cls, settings: ModelSettings, **from_pretrained_kwargs) -> LoadedModel:
@@ -128,24 +144,23 @@ class LoadedModel:
         """An empty KV cache for one sequence."""
         if self.packed:
             return self.kv_pool.new_sequence()
-        return DynamicCache(config=self.model.config)
+        return DynamicCache()  # full layers, even for sliding-window models: a rollback may go past the window
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: Cache) -> torch.Tensor:
         """Runs input_ids [1, T] after the cached prefix, extending the cache; returns float32 logits [T, V]."""
         if self.packed:
-            return packed_forward(
-                self.model, [(input_ids[0].tolist(), cache, input_ids.shape[1])], self.device, self.attention_kernel
-            )[0]
+            return self.forward_rows([(input_ids[0].tolist(), cache, input_ids.shape[1])])[0]
         output = self.model(input_ids=input_ids.to(self.device), cache=cache, use_cache=True)
-        return output.logits[0].float()
+        return output.logits[0, :, : self.vocab_size].float()
 
     def forward_rows(self, rows: Sequence[tuple[Sequence[int], Cache, int]]) -> list[torch.Tensor]:
         """Runs several sequences' new tokens, each after its own cached prefix: one packed pass when the model
         packs, else one pass per row. rows: (token ids, cache, how many last positions need logits); returns
         per row float32 logits [keep, V]."""
         if self.packed:
-            return packed_forward(self.model, rows, self.device, self.attention_kernel)
+            logits = packed_forward(self.model, rows, self.device, self.attention_kernel)
+            return [row_logits[:, : self.vocab_size] for row_logits in logits]
         return forward_each_row(self.forward, rows)
 
 

@@ -16,6 +16,10 @@ row, with a mask that gives each row its own causal window. A grid saves calls b
 rows and the idle slots between never use, so rows in slot order join a grid only where that reads fewer extra
 positions than a call costs (GRID_CALL_POSITIONS): a drafter's lanes of similar lengths in neighbouring slots
 share one, verify rows of very different lengths attend one row per call. Long rows (prefills) attend alone.
+
+A sliding-window layer (Mistral, Gemma-2/3's local layers, Qwen2 with use_sliding_window) whose window is shorter
+than some row's end attends every row alone with a windowed mask (`_windowed_mask`); a window as long as every row
+is full attention and takes the paths above.
 """
 
 from __future__ import annotations
@@ -185,6 +189,7 @@ class PackedStep:
         shared = set(short) if self.kernel is not None else {i for grid in self.grids for i in grid.rows}
         # (row index, its causal mask [n, start+n] or None for one token): the rows attending one per call
         self.single_rows = [(i, _causal_mask(row, device, dtype)) for i, row in enumerate(self.rows) if i not in shared]
+        self.windowed_masks: dict[int, list[tuple[int, torch.Tensor]]] = {}  # window -> per row (first key, mask)
 
     @property
     def total_tokens(self) -> int:
@@ -205,6 +210,7 @@ def packed_attention(
     scaling: float | None = None,
     dropout: float = 0.0,
     packed_step: PackedStep | None = None,
+    sliding_window: int | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Attention of each packed row against its own cached + new keys; query [1, H, T, D] and key/value
@@ -214,11 +220,15 @@ def packed_attention(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
+    if kwargs.get("softcap") is not None:
+        raise ValueError("packed attention has no logit soft-capping")
     step = packed_step
     pooled_keys, pooled_values = step.pool.write(
         module.layer_idx, step.slots, step.positions, key[0].transpose(0, 1), value[0].transpose(0, 1)
     )  # [S, H_kv, C, D]
     grouped = query.shape[1] != key.shape[1]
+    if sliding_window is not None and any(row.start + row.count > sliding_window for row in step.rows):
+        return _windowed_attention(step, query, pooled_keys, pooled_values, sliding_window, scaling, grouped), None
     queries = query[0].transpose(0, 1)  # [T, H, D]
     attended = queries.new_empty(queries.shape)  # [T, H, D]
     if step.kernel is not None:
@@ -259,17 +269,58 @@ def packed_attention(
     return attended.unsqueeze(0), None  # [1, T, H, D]
 
 
+def _windowed_mask(row: PackedRow, window: int, device: torch.device, dtype: torch.dtype) -> tuple[int, torch.Tensor]:
+    """Query i of a row (position p = start+i) sees positions p-window+1..p (transformers' sliding_window_overlay):
+    (the first position attended, additive mask [n, start+n-first])."""
+    first = max(0, row.start + 1 - window)
+    keys = torch.arange(first, row.start + row.count, device=device)  # [L]
+    queries = row.start + torch.arange(row.count, device=device).unsqueeze(1)  # [n, 1]
+    return first, _additive((keys <= queries) & (keys > queries - window)).to(dtype)
+
+
+def _windowed_attention(
+    step: PackedStep,
+    query: torch.Tensor,
+    pooled_keys: torch.Tensor,
+    pooled_values: torch.Tensor,
+    window: int,
+    scaling: float | None,
+    grouped: bool,
+) -> torch.Tensor:
+    """A sliding-window layer: each row alone against its window of the pool; query [1, H, T, D] -> [1, T, H, D]."""
+    masks = step.windowed_masks.get(window)
+    if masks is None:
+        masks = step.windowed_masks[window] = [
+            _windowed_mask(row, window, query.device, query.dtype) for row in step.rows
+        ]
+    attended = query.new_empty(query.shape[2:3] + query.shape[1:2] + query.shape[3:])  # [T, H, D]
+    for i, (row, (first, mask)) in enumerate(zip(step.rows, masks)):
+        slot = slice(row.kv.slot, row.kv.slot + 1)
+        attended[step.offsets[i] : step.offsets[i + 1]] = F.scaled_dot_product_attention(
+            query[:, :, step.offsets[i] : step.offsets[i + 1]],
+            pooled_keys[slot, :, first : row.start + row.count],
+            pooled_values[slot, :, first : row.start + row.count],
+            attn_mask=mask,
+            scale=scaling,
+            enable_gqa=grouped,
+        )[0].transpose(0, 1)  # [n, H, D]
+    return attended.unsqueeze(0)
+
+
 AttentionInterface.register(PACKED_ATTENTION, packed_attention)
 AttentionMaskInterface.register(PACKED_ATTENTION, sdpa_mask)  # the masks plain transformers calls need (sdpa's)
 
 
-def supports_packed_forward(config: PretrainedConfig) -> bool:
-    """Whether a model's attention is plain causal attention that packed_attention reproduces exactly
-    (no sliding window, no logit soft-capping, no attention sinks, a transformers attention backend)."""
-    if getattr(config, "sliding_window", None) or getattr(config, "attn_logit_softcapping", None):
-        return False
-    layer_types = getattr(config, "layer_types", None)
-    return not layer_types or all(kind == "full_attention" for kind in layer_types)
+def packed_forward_refusal(config: PretrainedConfig) -> str | None:
+    """Why a model's attention is not one packed_attention reproduces (logit soft-capping, layer kinds other than
+    full and sliding-window attention), or None: the config allows packing. The start-up self-test
+    (specdec/packed_self_test.py) has the last word."""
+    if getattr(config, "attn_logit_softcapping", None):
+        return f"attention logit soft-capping ({config.attn_logit_softcapping}), which SDPA does not apply"
+    kinds = set(getattr(config, "layer_types", None) or ()) - {"full_attention", "sliding_attention"}
+    if kinds:
+        return f"layer types {sorted(kinds)}"
+    return None
 
 
 @torch.inference_mode()

@@ -20,7 +20,8 @@ import time
 from collections.abc import Sequence
 
 from verify_service.settings import VerifySettings
-from verify_service.tensor_parallel import RankLauncher, RankSpec, serve_rank
+from verify_service.tensor_parallel import RankLauncher
+from verify_service.tp_ranks import RankSpec, serve_rank
 
 log = logging.getLogger(__name__)
 

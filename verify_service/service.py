@@ -21,7 +21,6 @@ from verify_service.settings import VerifySettings
 from verify_service.tensor_parallel import TensorParallelLeader
 
 OPEN, VERIFY = "open", "verify"  # the calls a model step takes (step_many)
-CALIBRATION_SESSION = "calibration"  # opened on the ranks and closed again before serving starts
 
 
 @dataclass
@@ -48,8 +47,8 @@ class GuessedRound:
 class VerifyService:
     """Holds target sessions and answers open / verify / close.
 
-    Under tensor parallelism `ranks` is rank 0's TensorParallelLeader: sessions then run their forwards on
-    a MirroredModel, so every rank runs them, and the sampler still runs once, here.
+    Under tensor parallelism `ranks` is rank 0's TensorParallelLeader: sessions then run on its MirroredModel,
+    so every rank runs each step's one packed pass, and the sampler still runs once, here.
     `on_pass(forward_ns, prefill_tokens, scored_tokens)` hears of every scoring pass (e.g. the pass metrics).
     """
 
@@ -65,12 +64,8 @@ class VerifyService:
         self.ranks = ranks
         self.on_pass = on_pass
         self.sessions: SessionStore[TargetSession] = SessionStore(settings.max_sessions, lambda s: s.kv.cached_len)
-        self.step_cost = calibrate(self._session_model(CALIBRATION_SESSION))  # what a pass costs, for the policy
-        if ranks is not None:
-            ranks.close_session(CALIBRATION_SESSION)
-
-    def _session_model(self, session_id: str):
-        return self.model if self.ranks is None else self.ranks.session_model(session_id)
+        self.sessions_model = model if ranks is None else ranks.mirrored  # the model every session runs on
+        self.step_cost = calibrate(self.sessions_model)  # what a pass costs, for the policy
 
     def open(self, session_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> int:
         """Opens a session and prefills all prompt tokens but the last; returns the prefill time in ns."""
@@ -152,7 +147,7 @@ class VerifyService:
         for index, (session_id, prompt_ids, params) in enumerate(opens):
             try:
                 self.sessions.reserve(session_id)
-                kv = KVSession(self._session_model(session_id), prompt_ids)
+                kv = KVSession(self.sessions_model, prompt_ids)
                 self.sessions.add(session_id, TargetSession(kv, params))
                 opened.append((index, kv))
             except Exception as error:  # noqa: BLE001 - that open fails alone
@@ -187,7 +182,5 @@ class VerifyService:
         return open_results, round_results
 
     def close(self, session_id: str) -> bool:
-        closed = self.sessions.close(session_id)
-        if closed and self.ranks is not None:
-            self.ranks.close_session(session_id)
-        return closed
+        """Drops a session; under tensor parallelism the ranks drop their copy of its cache with the next step."""
+        return self.sessions.close(session_id)

@@ -1,22 +1,12 @@
-"""Tensor parallelism for the verify service: rank 0 mirrors every target forward onto the other ranks.
+"""Tensor parallelism for the verify service: rank 0 leads, the other ranks replay its passes on their shards.
 
 The target is sharded with transformers' native tensor parallelism (`tp_plan="auto"`) over a
 torch.distributed group: gloo on CPU, nccl on GPU. Each forward all-reduces inside the model, so every
-rank must run the same forwards in the same order. Rank 0 serves gRPC and owns the sessions (tokens,
-sampling settings, the rejection sampler, which runs once there); the other ranks hold only KV caches and
-replay what rank 0 sends them, one `broadcast_object_list` per message on a separate gloo "control" group:
-
-    rank 0 (TensorParallelLeader)               ranks 1..N-1 (serve_rank -> CacheMirror)
-    Forward(session, start_len, token_ids)  ──▶ crop the session's cache to start_len, run the same forward
-    CloseSession(session)                   ──▶ drop the session's cache
-    Heartbeat()                             ──▶ monitored barrier: proves every rank is alive and listening
-    Shutdown()                              ──▶ leave the loop, destroy the process group
-
-Rank 0's KVSession calls `forward` on a `MirroredModel`, which sends the Forward first. Rollback needs no
-message of its own: rank 0's cache only shrinks between forwards, so the next Forward's `start_len`
-carries it (the sync invariant, inside one replica). Opening needs none either: a Forward for an unknown
-session starts its cache. So a verify round (truncate -> forward -> sample -> commit) costs one message,
-and the workers cannot drift from rank 0 whatever the session logic does between forwards.
+rank must run the same passes in the same order. Rank 0 serves gRPC and owns the sessions (tokens,
+sampling settings, the rejection sampler, which runs once there); every session runs on one MirroredModel
+(verify_service/mirrored_model.py), so a step of many sessions is one packed pass and one Step message
+(verify_service/tp_protocol.py), which ranks 1..N-1 replay on their mirror of the caches
+(verify_service/tp_ranks.py). Continuous batching thus works as on one device.
 
 Failure: every collective has a timeout; a monitor thread on rank 0 watches the ranks' processes and the
 length of the step in progress, and sends heartbeats when idle (which also bound how long a worker waits
@@ -30,244 +20,35 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-import os
-import socket
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
-from typing import Protocol
+from dataclasses import replace
+from typing import Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from specdec.errors import DownstreamUnavailableError
-from specdec.model_runtime import Cache, LoadedModel, ModelSettings, forward_each_row
+from specdec.model_runtime import LoadedModel, ModelSettings
+from verify_service.mirrored_model import MirroredModel
 from verify_service.settings import VerifySettings
+from verify_service.tp_protocol import ControlChannel, Heartbeat, Shutdown, Step
+from verify_service.tp_ranks import (
+    STARTED_KEY,
+    RankInfo,
+    RankSpec,
+    describe_rank,
+    destroy_process_group,
+    join_group,
+    load_shard,
+    rank_device,
+)
 
 log = logging.getLogger(__name__)
 
 MONITOR_PERIOD_S = 0.2  # how often rank 0 looks at the other ranks
-STARTED_KEY = "specdec/started/{rank}"  # set in the rendezvous store by each rank before it joins
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The protocol: what rank 0 sends to the other ranks.
-
-
-@dataclass(frozen=True)
-class Forward:
-    """Run token_ids after the first start_len cached positions of a session's cache."""
-
-    session_id: str
-    start_len: int
-    token_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class CloseSession:
-    """Drop a session's cache."""
-
-    session_id: str
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    """Nothing to run; every rank answers with a monitored barrier."""
-
-
-@dataclass(frozen=True)
-class Shutdown:
-    """Leave the loop and destroy the process group."""
-
-
-Op = Forward | CloseSession | Heartbeat | Shutdown
-
-
-class ControlChannel:
-    """The gloo group that carries ops from rank 0 (a gloo group even when the model's group is nccl)."""
-
-    def __init__(self, timeout_s: float):
-        self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
-        self.timeout_s = timeout_s
-
-    def send(self, op: Op) -> None:
-        dist.broadcast_object_list([op], src=0, group=self.group)
-
-    def receive(self) -> Op:
-        box: list[Op | None] = [None]
-        dist.broadcast_object_list(box, src=0, group=self.group)
-        return box[0]
-
-    def barrier(self) -> None:
-        """Returns once every rank reached it; on rank 0 raises naming a rank that did not within the timeout."""
-        dist.monitored_barrier(group=self.group, timeout=datetime.timedelta(seconds=self.timeout_s))
-
-    def gather(self, item: object) -> list[object] | None:
-        """Every rank's item on rank 0 (None elsewhere)."""
-        gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-        dist.gather_object(item, gathered, dst=0, group=self.group)
-        return gathered
-
-    def set_timeout(self, timeout_s: float) -> None:
-        """The steady-state timeout for this group and the model's (start-up allowed a longer one)."""
-        self.timeout_s = timeout_s
-        for group in (self.group, None):
-            try:
-                dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout_s), group)
-            except (AttributeError, RuntimeError, ValueError) as error:  # private API: keep the start-up timeout
-                log.warning("could not shorten the collective timeout to %.0fs: %s", timeout_s, error)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# What every rank does: join the group, load its shard.
-
-
-@dataclass(frozen=True)
-class RankSpec:
-    """What one rank needs to join the group and load its shard (picklable: it travels to the ranks)."""
-
-    rank: int
-    world_size: int
-    master_addr: str
-    master_port: int
-    model: ModelSettings  # device is this rank's own (cuda:LOCAL_RANK on GPU)
-    local_rank: int
-    timeout_s: float
-    start_timeout_s: float
-    log_level: str = "INFO"
-
-    @property
-    def backend(self) -> str:
-        return "nccl" if self.model.device.startswith("cuda") else "gloo"
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    """What a rank reports once its shard is loaded."""
-
-    rank: int
-    pid: int
-    host: str
-    device: str
-    weight_bytes: int  # parameters and buffers held by this rank (its shards)
-
-
-def rank_device(device: str, local_rank: int) -> str:
-    """The device of the rank with that local rank: cpu stays cpu, cuda[:N] becomes cuda:LOCAL_RANK."""
-    return f"cuda:{local_rank}" if device.startswith("cuda") else device
-
-
-def join_group(spec: RankSpec, store: dist.Store | None = None) -> ControlChannel:
-    """Joins the process group (with the start-up timeout: loading shards may be skewed) and the control group."""
-    os.environ["LOCAL_RANK"] = str(spec.local_rank)  # transformers and DeviceMesh bind the accelerator by it
-    if spec.backend == "nccl":
-        torch.cuda.set_device(spec.local_rank)
-    start_timeout = datetime.timedelta(seconds=spec.start_timeout_s)
-    if store is None:
-        store = dist.TCPStore(
-            spec.master_addr, spec.master_port, spec.world_size, is_master=False, timeout=start_timeout
-        )
-        store.set(STARTED_KEY.format(rank=spec.rank), str(os.getpid()))
-    dist.init_process_group(
-        spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, timeout=start_timeout
-    )
-    return ControlChannel(spec.start_timeout_s)
-
-
-def load_shard(spec: RankSpec) -> LoadedModel:
-    """This rank's shard of the target (transformers' tp_plan="auto" over the whole group)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=FutureWarning)  # standalone tp_plan= is deprecated but works
-        return LoadedModel.load(spec.model, tp_plan="auto", tp_size=spec.world_size)
-
-
-def local_weight_bytes(module: torch.nn.Module) -> int:
-    """Bytes of parameters and buffers this process holds (a DTensor counts its local shard only)."""
-    total = 0
-    for tensor in (*module.parameters(), *module.buffers()):
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        total += local.numel() * local.element_size()
-    return total
-
-
-def describe_rank(spec: RankSpec, model: LoadedModel) -> RankInfo:
-    return RankInfo(spec.rank, os.getpid(), socket.gethostname(), spec.model.device, local_weight_bytes(model.model))
-
-
-def destroy_process_group() -> None:
-    if dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-        except Exception as error:  # noqa: BLE001 - a broken group may fail to tear down; nothing else to do
-            log.warning("destroying the process group failed: %s", error)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Ranks 1..N-1.
-
-
-class RankOutOfStepError(RuntimeError):
-    """A worker's cache is shorter than the Forward assumes: it missed a message."""
-
-
-class CacheMirror:
-    """A worker rank's state: one KV cache per session, extended by the forwards rank 0 sends."""
-
-    def __init__(self, model: LoadedModel):
-        self.model = model
-        self.caches: dict[str, Cache] = {}
-
-    def apply(self, op: Op) -> None:
-        if isinstance(op, Forward):
-            cache = self.caches.get(op.session_id)
-            if cache is None:
-                cache = self.caches[op.session_id] = self.model.new_cache()
-            surplus = cache.get_seq_length() - op.start_len
-            if surplus < 0:
-                raise RankOutOfStepError(
-                    f"session {op.session_id!r}: cache holds {cache.get_seq_length()} "
-                    f"positions, rank 0 starts at {op.start_len}"
-                )
-            if surplus > 0:
-                cache.crop(-surplus)
-            self.model.forward(torch.tensor([op.token_ids], dtype=torch.long), cache)  # [1, T] -> same all-reduces
-        elif isinstance(op, CloseSession):
-            self.caches.pop(op.session_id, None)
-        else:
-            raise TypeError(f"not an op a mirror applies: {op!r}")
-
-
-def serve_rank(spec: RankSpec) -> None:
-    """A worker rank's whole life: join, load the shard, report, replay rank 0's ops until Shutdown."""
-    logging.basicConfig(
-        level=spec.log_level.upper(), format=f"%(asctime)s %(levelname)s rank{spec.rank} %(name)s: %(message)s"
-    )
-    channel = join_group(spec)
-    try:
-        model = load_shard(spec)
-        channel.gather(describe_rank(spec, model))
-        channel.set_timeout(spec.timeout_s)
-        mirror = CacheMirror(model)
-        while True:
-            op = channel.receive()  # times out when rank 0 sends nothing, not even a heartbeat
-            if isinstance(op, Shutdown):
-                log.info("shutting down")
-                return
-            if isinstance(op, Heartbeat):
-                channel.barrier()
-            else:
-                mirror.apply(op)
-    except Exception:
-        log.exception("rank %d leaves the group", spec.rank)
-        raise
-    finally:
-        destroy_process_group()
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Rank 0.
+T = TypeVar("T")
 
 
 class RankLauncher(Protocol):
@@ -286,24 +67,6 @@ class RankLauncher(Protocol):
     def stop(self, grace_s: float) -> None:
         """Lets the ranks exit for up to grace_s seconds, then kills them; releases what the launcher holds."""
         ...
-
-
-class MirroredModel:
-    """Rank 0's model inside one session's KVSession: each forward is first sent, so every rank runs it."""
-
-    def __init__(self, leader: TensorParallelLeader, session_id: str):
-        self._leader = leader
-        self._session_id = session_id
-
-    def forward(self, input_ids: torch.Tensor, cache: Cache) -> torch.Tensor:
-        return self._leader.forward(self._session_id, input_ids, cache)
-
-    def forward_rows(self, rows: Sequence[tuple[Sequence[int], Cache, int]]) -> list[torch.Tensor]:
-        """One mirrored forward per row (rows of one session; the ranks replay single-row forwards)."""
-        return forward_each_row(self.forward, rows)
-
-    def __getattr__(self, name: str):  # new_cache, max_context_tokens, vocab_size, ...: the real model's
-        return getattr(self._leader.model, name)
 
 
 class TensorParallelLeader:
@@ -330,6 +93,7 @@ class TensorParallelLeader:
         self._on_failure: list[Callable[[str], None]] = []
         self._stopping = threading.Event()
         self._teardown_thread: threading.Thread | None = None
+        self.mirrored = MirroredModel(model, self.run_step)  # the model every session on rank 0 runs on
         self._monitor = threading.Thread(target=self._watch, name="tp-monitor", daemon=True)
         self._monitor.start()
 
@@ -402,20 +166,16 @@ class TensorParallelLeader:
 
     # --- what VerifyService calls (on its one model thread) -------------------------------------------
 
-    def session_model(self, session_id: str) -> MirroredModel:
-        """The model a session's KVSession runs on."""
-        return MirroredModel(self, session_id)
-
-    def forward(self, session_id: str, input_ids: torch.Tensor, cache: Cache) -> torch.Tensor:
-        """Sends the forward to every rank, then runs it here: input_ids [1, T] -> logits [T, V]."""
-        op = Forward(session_id, cache.get_seq_length(), tuple(input_ids[0].tolist()))
+    def run_step(self, step: Step, forward: Callable[[], T]) -> T:
+        """Sends one pass to every rank, then runs it here (`forward`) and returns what it returns."""
         with self._step():
-            self._channel.send(op)
-            return self.model.forward(input_ids, cache)
+            self._channel.send(step)
+            return forward()
 
-    def close_session(self, session_id: str) -> None:
-        with self._step():
-            self._channel.send(CloseSession(session_id))
+    @property
+    def steps_sent(self) -> int:
+        """Step messages sent to the ranks so far (one per packed pass)."""
+        return self._channel.sent[Step.__name__]
 
     # --- failure ----------------------------------------------------------------------------------------
 

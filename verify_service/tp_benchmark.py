@@ -3,7 +3,7 @@
     python -m verify_service.tp_benchmark --model models/demo-target --gamma 4 --rounds 40
 
 One verify round = what VerifyService.verify does for a γ-token block after a prompt: roll back to base_len,
-score γ drafts in one forward (under TP: send the Forward, run it on every rank), rejection-sample, commit.
+score γ drafts in one forward (under TP: send the Step, run it on every rank), rejection-sample, commit.
 TP = 1 runs in this process with 1 and with 2 threads; TP = 2 runs rank 0 in this process (1 thread) and
 rank 1 in a spawned process (1 thread), so TP = 2 uses as many cores as TP = 1 with 2 threads. Blocks of
 rounds alternate between the configurations so machine noise hits all of them alike; medians are printed.
@@ -23,7 +23,8 @@ from specdec.sampling import SamplingParams
 from verify_service.rank_launchers import LocalLauncher
 from verify_service.service import VerifyService
 from verify_service.settings import VerifySettings
-from verify_service.tensor_parallel import TensorParallelLeader, local_weight_bytes
+from verify_service.tensor_parallel import TensorParallelLeader
+from verify_service.tp_ranks import local_weight_bytes
 
 
 def time_rounds(

@@ -77,11 +77,14 @@ def test_mismatched_tokenizers_are_refused(tmp_path, tiny_pair):
     target, _ = tiny_pair
     other_target_dir, _ = make_pair(tmp_path, vocab_size=32)
     other = LoadedModel.load(ModelSettings(str(other_target_dir)))
-    with pytest.raises(TokenizerMismatchError, match="vocabulary size differs"):
+    with pytest.raises(TokenizerMismatchError, match="token->id map differs"):
         check_same_vocabulary(target.identity, other.identity)
     renamed = type(target.identity)(target.identity.model_id, target.vocab_size, "0" * 64)
     with pytest.raises(TokenizerMismatchError, match="token->id map differs"):
         check_same_vocabulary(target.identity, renamed)
+    narrower = type(target.identity)("an n-gram drafter", 32, target.identity.tokenizer_sha256)
+    with pytest.raises(TokenizerMismatchError, match="vocabulary size differs"):
+        check_same_vocabulary(target.identity, narrower)
 
 
 @pytest.mark.parametrize("packed", [True, False], ids=["sequence_kv", "dynamic_cache"])

@@ -7,12 +7,12 @@ import random
 
 import pytest
 import torch
-from transformers import LlamaConfig, MistralConfig
+from transformers import Gemma2Config, LlamaConfig, MistralConfig
 
 from specdec.kv_pool import KVPool
 from specdec.kv_session import KVSession, run_forwards
 from specdec.model_runtime import LoadedModel, ModelSettings
-from specdec.packed_forward import GRID_CALL_POSITIONS, GRID_MAX_TOKENS, PackedRow, PackedStep, supports_packed_forward
+from specdec.packed_forward import GRID_CALL_POSITIONS, GRID_MAX_TOKENS, PackedRow, PackedStep, packed_forward_refusal
 
 
 @torch.inference_mode()
@@ -119,11 +119,16 @@ def test_forks_get_their_own_slot_and_dropped_sequences_give_theirs_back():
     assert pool.new_sequence().slot == 1, "the lowest free slot is reused"
 
 
-def test_models_with_attention_it_cannot_reproduce_run_one_sequence_per_pass():
-    assert supports_packed_forward(LlamaConfig())
-    assert not supports_packed_forward(MistralConfig(sliding_window=16))
-    assert not supports_packed_forward(
-        LlamaConfig(layer_types=["sliding_attention", "full_attention"], num_hidden_layers=2)
+def test_the_config_check_refuses_soft_capping_and_unknown_layer_kinds_with_the_reason():
+    assert packed_forward_refusal(LlamaConfig()) is None
+    assert packed_forward_refusal(MistralConfig(sliding_window=16)) is None  # windows are masked
+    assert (
+        packed_forward_refusal(LlamaConfig(layer_types=["sliding_attention", "full_attention"], num_hidden_layers=2))
+        is None
+    )
+    assert "soft-capping" in packed_forward_refusal(Gemma2Config())
+    assert "chunked_attention" in packed_forward_refusal(
+        LlamaConfig(layer_types=["chunked_attention", "full_attention"], num_hidden_layers=2)
     )
 
 

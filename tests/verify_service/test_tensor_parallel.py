@@ -1,7 +1,8 @@
 """The verify service at tensor-parallel size 2 on CPU (gloo), ranks started as local processes and as Ray actors.
 
 Through the real gRPC stack: greedy output token-identical to TP = 1, sessions, rollback and concurrent
-requests; and a worker rank that is killed (local ranks) or hangs (Ray ranks) mid-request turns the service
+requests (8 at once, batched into shared passes, overlap on); in process: one control message per step whatever
+the batch size; and a worker rank that is killed (local ranks) or hangs (Ray ranks) mid-request turns the service
 NOT_SERVING and fails the request UNAVAILABLE within a bound. The TP = 1 side is the in-process target (the path
 the TP = 1 service runs, checked by tests/coordinator/test_end_to_end.py).
 """
@@ -27,17 +28,19 @@ from specdec.model_runtime import LoadedModel, ModelSettings
 from specdec.reference_loop import target_only_generate
 from specdec.sampling import SamplingParams
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
-from verify_service.service import VerifyService
+from verify_service.rank_launchers import LocalLauncher
+from verify_service.service import OPEN, VERIFY, VerifyService
 from verify_service.settings import VerifySettings
+from verify_service.tensor_parallel import TensorParallelLeader
 
 MAX_NEW = 16
 TP_TIMEOUT_S = 5.0
 TP2 = ["--tensor-parallel-size", "2", "--threads", "1", "--tp-timeout-s", str(TP_TIMEOUT_S)]
 
 
-def random_prompts(count: int, seed: int) -> list[list[int]]:
+def random_prompts(count: int, seed: int, max_len: int = 10) -> list[list[int]]:
     rng = random.Random(seed)
-    return [[rng.randrange(1, 64) for _ in range(rng.randint(2, 10))] for _ in range(count)]
+    return [[rng.randrange(1, 64) for _ in range(rng.randint(2, max_len))] for _ in range(count)]
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +130,75 @@ def test_concurrent_requests_each_match_tp1(client, target):
         )
     for prompt, reply in zip(prompts, replies):
         assert list(reply.token_ids) == target_only_generate(target, prompt, SamplingParams(), MAX_NEW).token_ids
+
+
+def test_eight_concurrent_requests_of_different_lengths_share_passes_and_match_tp1(client, verifier, target):
+    """Concurrency 8, prompts of 2 to 40 tokens, overlap and batching on (the coordinator's and verifier's
+    defaults): every output is TP = 1's, and concurrent rounds share the verifier's passes."""
+    prompts = random_prompts(8, seed=33, max_len=40)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        replies = list(
+            pool.map(lambda p: client.generate(p, max_new_tokens=MAX_NEW, num_speculative_tokens=3), prompts)
+        )
+        for prompt, reply in zip(prompts, replies):
+            assert list(reply.token_ids) == target_only_generate(target, prompt, SamplingParams(), MAX_NEW).token_ids
+        stub, _ = verifier
+        for index, prompt in enumerate(prompts):
+            stub.OpenSession(
+                verifier_pb2.OpenVerifySessionRequest(session_id=f"c8-{index}", prompt_token_ids=prompt), timeout=30
+            )
+        rounds = [
+            verifier_pb2.VerifyRequest(session_id=f"c8-{index}", base_len=len(prompt), draft_token_ids=[1, 2, 3])
+            for index, prompt in enumerate(prompts)
+        ]
+        verdicts = list(pool.map(lambda request: stub.Verify(request, timeout=30), rounds))
+    assert max(verdict.batch_rows for verdict in verdicts) > 1
+    for index in range(len(prompts)):
+        stub.CloseSession(common_pb2.CloseSessionRequest(session_id=f"c8-{index}"), timeout=10)
+
+
+def test_each_step_sends_one_control_message_whatever_its_batch_size(tiny_pair_dirs, target):
+    """Rank 0 in this process, rank 1 spawned: steps of 1, 3 and 8 sessions (opens, rounds with rollbacks, opens
+    packed into rounds' passes, closes between steps) each send exactly one message, and match TP = 1."""
+    settings = VerifySettings(model=str(tiny_pair_dirs[0]), tensor_parallel_size=2, tp_timeout_s=60.0)
+    leader = TensorParallelLeader.start(settings, LocalLauncher())
+    try:
+        sharded = VerifyService(settings, leader.model, leader)
+        reference = VerifyService(VerifySettings(model=target.settings.model), target)
+        rng = random.Random(5)
+        greedy = SamplingParams()
+        lengths: dict[str, int] = {}
+        for batch in (1, 3, 8):
+            opens = [(f"b{batch}-{i}", OPEN, prompt, greedy) for i, prompt in enumerate(random_prompts(batch, batch))]
+            for step in range(4):
+                rounds = [
+                    (
+                        session_id,
+                        VERIFY,
+                        max(1, length - rng.randint(0, 2)),
+                        [rng.randrange(1, 64) for _ in range(3)],
+                        None,
+                    )
+                    for session_id, length in lengths.items()
+                ]  # every session rolls back 0 to 2 tokens first
+                calls = rounds + (opens if step == 0 else [])
+                sent = leader.steps_sent
+                results = sharded.step_many(calls)
+                assert leader.steps_sent - sent == 1, f"batch {batch}, step {step}: {len(calls)} calls"
+                expected = reference.step_many(calls)
+                for call, got, want in zip(calls, results, expected):
+                    if call[1] == OPEN:  # the step's time in ns
+                        assert isinstance(got, int) and isinstance(want, int), call
+                        lengths[call[0]] = len(call[2])
+                    else:  # (verdict, timing, length): all but the timing
+                        assert (got[0], got[2]) == (want[0], want[2]), call
+                        lengths[call[0]] = got[2]
+            for session_id in list(lengths)[: batch // 2]:  # some close: their caches go with the next step
+                assert sharded.close(session_id) and reference.close(session_id)
+                del lengths[session_id]
+        assert leader.failure is None
+    finally:
+        leader.close()
 
 
 def test_interleaved_sessions_and_rollback_match_tp1(verifier, target):
