@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.cpu_lm_head import use_onednn_lm_head
+from specdec.kv_budget import block_bytes, blocks_in_budget
 from specdec.kv_pool import KVPool, SequenceKV
 from specdec.packed_forward import PACKED_ATTENTION, packed_forward, supports_packed_forward
 from specdec.ragged_attention import AttendRows, kernel_fits, load_kernel
@@ -31,6 +32,8 @@ class ModelSettings:
     dtype: str = "float32"  # a key of DTYPES
     threads: int = 0  # intra-op CPU threads; 0 keeps torch's default
     attention_kernel: bool = True  # CPU, float32: short packed rows attend in the compiled kernel (else SDPA)
+    kv_cache_budget: float = 0.5  # KV cache bytes, or (at most 1) that share of the device's free memory
+    kv_block_size: int = 16  # positions per KV cache block
 
 
 class TokenizerMismatchError(ValueError):
@@ -73,8 +76,8 @@ class LoadedModel:
     """A causal LM and its tokenizer, ready for cached forward passes on one device.
 
     Models with plain causal attention run packed (specdec/packed_forward.py): their caches are SequenceKV
-    buffers and `forward_rows` runs many sequences in one pass. Others keep DynamicCache and run one
-    sequence per pass.
+    block tables in one paged pool under the settings' budget, and `forward_rows` runs many sequences in one
+    pass. Others keep DynamicCache and run one sequence per pass.
     """
 
     def __init__(self, settings: ModelSettings, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
@@ -90,12 +93,31 @@ class LoadedModel:
         self.attention_kernel: AttendRows | None = None  # for packed passes' short rows; None: SDPA
         if self.packed:
             model.set_attn_implementation(PACKED_ATTENTION)
-            self.kv_pool = KVPool(model.config.num_hidden_layers)  # every sequence's keys/values on this model
+            self.kv_pool = self._make_pool()  # every sequence's keys/values on this model
             head_dim = getattr(model.config, "head_dim", None) or (
                 model.config.hidden_size // model.config.num_attention_heads
             )
             if settings.attention_kernel and kernel_fits(self.device, model.dtype, head_dim):
                 self.attention_kernel = load_kernel()
+
+    def _make_pool(self) -> KVPool:
+        """The model's paged KV pool, as many blocks as the budget buys; logs what it reserved."""
+        settings, config = self.settings, self.model.config
+        num_blocks = blocks_in_budget(
+            settings.kv_cache_budget, config, self.model.dtype, self.device, settings.kv_block_size
+        )
+        per_block = block_bytes(config, self.model.dtype, settings.kv_block_size)
+        log.info(
+            "KV cache of %s: %d blocks of %d positions, %.1f MiB (kv_cache_budget %g)",
+            settings.model,
+            num_blocks,
+            settings.kv_block_size,
+            num_blocks * per_block / 2**20,
+            settings.kv_cache_budget,
+        )
+        return KVPool(
+            config.num_hidden_layers, num_blocks, settings.kv_block_size, preallocate=self.device.type == "cuda"
+        )
 
     @classmethod
     def load(cls, settings: ModelSettings, **from_pretrained_kwargs) -> LoadedModel:
