@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -34,6 +35,11 @@ class ModelSettings:
     attention_kernel: bool = True  # CPU, float32: short packed rows attend in the compiled kernel (else SDPA)
     kv_cache_budget: float = 0.5  # KV cache bytes, or (at most 1) that share of the device's free memory
     kv_block_size: int = 16  # positions per KV cache block
+
+    @classmethod
+    def of(cls, service_settings: object) -> ModelSettings:
+        """The model part of a service's settings: its fields of the same names."""
+        return cls(**{field.name: getattr(service_settings, field.name) for field in dataclasses.fields(cls)})
 
 
 class TokenizerMismatchError(ValueError):
