@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import pathlib
+import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     replies = asyncio.run(run_requests(args, draft, target))
     report = {
         "benchmark": "kv_memory",
-        "command": "python -m benchmarks.kv_memory " + " ".join(argv or []),
+        "command": " ".join(["python -m benchmarks.kv_memory", *(sys.argv[1:] if argv is None else argv)]),
         "settings": vars(args) | {"out_dir": str(args.out_dir) if args.out_dir else None},
         "environment": environment(),
         "requests": {
