@@ -1,8 +1,10 @@
 """Keys and values of every sequence on one model, in fixed-size blocks under a memory budget (paged KV cache).
 
-A layer's buffer is [blocks, H_kv, B, D]: B positions (the block size) per block. Each sequence holds a block
-table: position p of the sequence sits in block table[p // B] at p % B. A packed step (specdec/packed_forward.py)
-attends for many sequences in one call, reading each through its table, with no copy of anyone's cache.
+A layer's buffer is [H_kv, blocks, B, D]: B positions (the block size) per block, each head's blocks side by side,
+so a sequence whose blocks are consecutive ids reads each head's keys as one run of memory, as a contiguous cache
+would. Each sequence holds a block table: position p of the sequence sits in block table[p // B] at p % B. A packed
+step (specdec/packed_forward.py) attends for many sequences in one call, reading each through its table, with no
+copy of anyone's cache.
 
 Blocks are handed out when a forward is planned (`SequenceKV.reserve`), before the model runs: a budget that is
 spent refuses the session that asked (KVCacheFullError) and nobody else. A fork shares its parent's blocks and
@@ -28,7 +30,7 @@ _MIN_BLOCKS = 64
 
 
 class KVPool:
-    """Per-layer [blocks, H_kv, B, D] key and value buffers shared by the sequences of one model.
+    """Per-layer [H_kv, blocks, B, D] key and value buffers shared by the sequences of one model.
 
     A layer's buffers take their heads, head size, dtype and device from its first write (so a tensor-parallel rank
     holds only its own heads) and catch up with the pool's block count on each later write.
@@ -39,8 +41,8 @@ class KVPool:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
         self.blocks = BlockAllocator(num_blocks)
-        self.keys: list[torch.Tensor | None] = [None] * num_layers  # per layer [blocks, H_kv, B, D]
-        self.values: list[torch.Tensor | None] = [None] * num_layers  # per layer [blocks, H_kv, B, D]
+        self.keys: list[torch.Tensor | None] = [None] * num_layers  # per layer [H_kv, blocks, B, D]
+        self.values: list[torch.Tensor | None] = [None] * num_layers  # per layer [H_kv, blocks, B, D]
         self.allocated_blocks = num_blocks if preallocate else min(num_blocks, _MIN_BLOCKS)  # buffers' block count
         self.lock = threading.RLock()  # one pass, allocation or release at a time
         self.open_sequences = 0
@@ -77,8 +79,8 @@ class KVPool:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Stores keys/values [T, H_kv, D] of T tokens at (blocks[t], offsets[t]); returns the layer's buffers."""
         self._fit(layer, keys)
-        self.keys[layer][blocks, :, offsets] = keys
-        self.values[layer][blocks, :, offsets] = values
+        self.keys[layer][:, blocks, offsets] = keys.transpose(0, 1)  # [H_kv, T, D]
+        self.values[layer][:, blocks, offsets] = values.transpose(0, 1)
         return self.keys[layer], self.values[layer]
 
     @torch.inference_mode()  # the buffers are inference tensors (made in a forward pass)
@@ -86,18 +88,18 @@ class KVPool:
         """Copies one block into another, in every layer written so far."""
         for layer, held in enumerate(self.keys):
             if held is not None:
-                self._fit(layer, held[0, :, 0])
-                self.keys[layer][target] = self.keys[layer][source]
-                self.values[layer][target] = self.values[layer][source]
+                self._fit(layer, held[:, 0, 0])
+                self.keys[layer][:, target] = self.keys[layer][:, source]
+                self.values[layer][:, target] = self.values[layer][:, source]
 
     def _fit(self, layer: int, like: torch.Tensor) -> None:
         """Brings a layer's buffers to the pool's block count (like: [..., H_kv, D] sets a new layer's shape). New
         room is zeroed: an attention over a padded block table reads it, masked out, and must see finite values.
         The layer keeps its old buffers until both new ones are allocated."""
         held = self.keys[layer]
-        if held is not None and held.shape[0] == self.allocated_blocks:
+        if held is not None and held.shape[1] == self.allocated_blocks:
             return
-        shape = (self.allocated_blocks, like.shape[-2], self.block_size, like.shape[-1])
+        shape = (like.shape[-2], self.allocated_blocks, self.block_size, like.shape[-1])
         keys, values = _grown(held, like.new_zeros(shape)), _grown(self.values[layer], like.new_zeros(shape))
         self.keys[layer], self.values[layer] = keys, values
 
@@ -105,7 +107,7 @@ class KVPool:
 def _grown(held: torch.Tensor | None, room: torch.Tensor) -> torch.Tensor:
     """room with held's blocks copied into its first blocks."""
     if held is not None:
-        room[: held.shape[0]] = held
+        room[:, : held.shape[1]] = held
     return room
 
 

@@ -135,10 +135,10 @@ class AttentionGrid:
 
 def gather_blocks(buffer: torch.Tensor, tables: torch.Tensor, length: int) -> torch.Tensor:
     """The first `length` positions of the sequences whose block tables are tables [S, blocks], from one layer's
-    buffer [N, H_kv, B, D]: [S, H_kv, length, D]."""
-    gathered = buffer[tables]  # [S, blocks, H_kv, B, D]
-    rows, blocks, heads, block_size, head_dim = gathered.shape
-    return gathered.transpose(1, 2).reshape(rows, heads, blocks * block_size, head_dim)[:, :, :length]
+    buffer [H_kv, N, B, D]: [S, H_kv, length, D]."""
+    gathered = buffer[:, tables]  # [H_kv, S, blocks, B, D]
+    heads, rows, blocks, block_size, head_dim = gathered.shape
+    return gathered.transpose(0, 1).reshape(rows, heads, blocks * block_size, head_dim)[:, :, :length]
 
 
 def _additive(visible: torch.Tensor) -> torch.Tensor:
@@ -238,7 +238,7 @@ def packed_attention(
     step = packed_step
     pooled_keys, pooled_values = step.pool.write(
         module.layer_idx, step.write_at[0], step.write_at[1], key[0].transpose(0, 1), value[0].transpose(0, 1)
-    )  # [N, H_kv, B, D]
+    )  # [H_kv, N, B, D]
     grouped = query.shape[1] != key.shape[1]
     queries = query[0].transpose(0, 1)  # [T, H, D]
     attended = queries.new_empty(queries.shape)  # [T, H, D]

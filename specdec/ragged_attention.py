@@ -44,7 +44,7 @@ def _build_flags() -> tuple[str, list[str]]:
 
 @functools.cache
 def load_kernel() -> AttendRows | None:
-    """The kernel's `ragged_attention(query [H, T, D], keys [N, H_kv, B, D], values, rows [R, 4], tables [M],
+    """The kernel's `ragged_attention(query [H, T, D], keys [H_kv, N, B, D], values, rows [R, 4], tables [M],
     scale, out [T, H, D])` (keys and values in blocks, read through each row's block table), compiled on first
     use (~40 s on 2 cores; cached afterwards), or None where it cannot be
     built (no compiler): callers then use SDPA."""

@@ -82,8 +82,8 @@ void softmax_in_place(float* s, int64_t seen) {
 }  // namespace
 
 // query  [H, T, D]      float32, last dim contiguous (any other strides)
-// keys   [N, Hkv, B, D] float32, contiguous: one layer of the pool, N blocks of B positions; values alike;
-//                       H a multiple of Hkv
+// keys   [Hkv, N, B, D] float32, contiguous: one layer of the pool, N blocks of B positions per head; values
+//                       alike; H a multiple of Hkv
 // rows   [R, 4] int64   (table, start, count, offset): query tokens offset..offset+count-1 are positions
 //                       start..start+count-1 of a sequence whose blocks are tables[table], tables[table + 1], ...
 //                       (position l in block tables[table + l / B] at l % B), and token i sees positions 0..start+i
@@ -99,10 +99,10 @@ void ragged_attention(const at::Tensor& query, const at::Tensor& keys, const at:
               "rows must be int64 [R, 4]");
   TORCH_CHECK(tables.scalar_type() == at::kLong && tables.is_contiguous() && tables.dim() == 1,
               "tables must be int64 [M]");
-  const int64_t H = query.size(0), D = query.size(2), Hkv = keys.size(1), B = keys.size(2);
+  const int64_t H = query.size(0), D = query.size(2), Hkv = keys.size(0), N = keys.size(1), B = keys.size(2);
   TORCH_CHECK(keys.size(3) == D && H % Hkv == 0 && D % (2 * Vec::size()) == 0, "unsupported head layout");
   const int64_t R = rows.size(0), group = H / Hkv, q_h = query.stride(0), q_t = query.stride(1);
-  const int64_t block_stride = Hkv * B * D;  // floats from one block to the next
+  const int64_t block_stride = B * D;  // floats from one block to the next
   const float* q_ptr = query.data_ptr<float>();
   const float* k_ptr = keys.data_ptr<float>();
   const float* v_ptr = values.data_ptr<float>();
@@ -118,7 +118,7 @@ void ragged_attention(const at::Tensor& query, const at::Tensor& keys, const at:
       const int64_t* table = table_ptr + row_ptr[4 * r];
       const int64_t start = row_ptr[4 * r + 1], n = row_ptr[4 * r + 2];
       const int64_t offset = row_ptr[4 * r + 3], L = start + n;
-      const int64_t head_at = (h / group) * B * D;  // the head's [B, D] within a block
+      const int64_t head_at = (h / group) * N * B * D;  // the head's [N, B, D]
       probs.assign((n + 3) / 4 * 4 * L, 0.f);
       for (int64_t i = 0; i < n; ++i) {
         float* p = probs.data() + i * L;

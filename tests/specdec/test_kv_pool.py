@@ -24,8 +24,8 @@ def write_positions(pool: KVPool, kv, values: torch.Tensor) -> None:
 
 def read_positions(pool: KVPool, kv) -> torch.Tensor:
     """A sequence's keys [L, H_kv, D], read through its block table."""
-    keys = pool.keys[0][torch.tensor(kv.table)]  # [blocks, H_kv, B, D]
-    return keys.transpose(1, 2).reshape(-1, keys.shape[1], keys.shape[3])[: kv.length]
+    keys = pool.keys[0][:, torch.tensor(kv.table)]  # [H_kv, blocks, B, D]
+    return keys.reshape(keys.shape[0], -1, keys.shape[3]).transpose(0, 1)[: kv.length]
 
 
 def test_sequences_grow_block_by_block_past_the_first_buffer_and_keep_their_contents():
@@ -35,7 +35,7 @@ def test_sequences_grow_block_by_block_past_the_first_buffer_and_keep_their_cont
     for start in range(0, 100, 10):  # interleaved: each sequence's blocks are scattered through the pool
         for kv, values in zip(sequences, written):
             write_positions(pool, kv, values[start : start + 10])
-    assert pool.keys[0].shape[0] >= 75 > 64, "the buffers doubled past their first 64 blocks"
+    assert pool.keys[0].shape[1] >= 75 > 64, "the buffers doubled past their first 64 blocks"
     for kv, values in zip(sequences, written):
         assert len(kv.table) == 25
         torch.testing.assert_close(read_positions(pool, kv), values)

@@ -46,8 +46,8 @@ def test_rows_of_every_shape_match_sdpa_row_by_row(kernel, heads, kv_heads, head
     capacity = 320
     blocks_per_row = -(-capacity // block_size)
     num_blocks = 9 * blocks_per_row + 4
-    keys = torch.randn(num_blocks, kv_heads, block_size, head_dim)
-    values = torch.randn(num_blocks, kv_heads, block_size, head_dim)
+    keys = torch.randn(kv_heads, num_blocks, block_size, head_dim)
+    values = torch.randn(kv_heads, num_blocks, block_size, head_dim)
     free = list(range(num_blocks))
     rng.shuffle(free)
     layout, tables, offset = [], [], 0
@@ -69,8 +69,8 @@ def test_rows_of_every_shape_match_sdpa_row_by_row(kernel, heads, kv_heads, head
         torch.set_num_threads(previous)
     for at_table, start, count, at in layout:
         table = torch.tensor(tables[at_table : at_table + -(-(start + count) // block_size)])
-        row_keys = keys[table].transpose(0, 1).reshape(kv_heads, -1, head_dim)  # [H_kv, blocks * B, D]
-        row_values = values[table].transpose(0, 1).reshape(kv_heads, -1, head_dim)
+        row_keys = keys[:, table].reshape(kv_heads, -1, head_dim)  # [H_kv, blocks * B, D]
+        row_values = values[:, table].reshape(kv_heads, -1, head_dim)
         torch.testing.assert_close(
             out[at : at + count], sdpa_row(query, row_keys, row_values, start, count, at, scale), atol=2e-5, rtol=1e-5
         )
