@@ -34,8 +34,8 @@ from specdec.ragged_attention import AttendRows
 
 PACKED_ATTENTION = "specdec_packed"
 GRID_MAX_TOKENS = 16  # rows of at most this many new tokens are short: they may attend on grids or in the kernel
-# One more attention call costs about what attending this many more slot-positions costs. On CPU, 1 thread, 4
-# heads of 64, cold caches: ~15 µs a call against ~0.35 µs a slot-position for 5 queries (11 and 0.15 for one).
+# One more attention call costs about what attending this many more row-positions costs. On CPU, 1 thread, 4
+# heads of 64, cold caches: ~15 µs a call against ~0.35 µs a row-position for 5 queries (11 and 0.15 for one).
 GRID_CALL_POSITIONS = 48
 
 
