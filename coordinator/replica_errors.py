@@ -7,7 +7,7 @@ blames, with the replica named:
 | --- | --- | --- |
 | UNAVAILABLE, DEADLINE_EXCEEDED | UNAVAILABLE | the replica is gone or slow (ReplicaUnreachableError) |
 | NOT_FOUND | UNAVAILABLE "... lost session ...; retry" | it restarted or expired the session; a retry opens anew |
-| RESOURCE_EXHAUSTED | RESOURCE_EXHAUSTED | the replica is full (its --max-sessions, its context) |
+| RESOURCE_EXHAUSTED | RESOURCE_EXHAUSTED | the replica is full (its --max-sessions, its KV cache budget, its context) |
 | INVALID_ARGUMENT on a field the client chose (`draft_method`) | INVALID_ARGUMENT naming it | the request |
 | INVALID_ARGUMENT otherwise, FAILED_PRECONDITION, anything else | INTERNAL with the replica's detail | the stack |
 

@@ -83,7 +83,11 @@ class ReplicaSessions:
                         )
                     )
                 )
-            await asyncio.gather(*calls)
+            # Both opens end before a failure is raised, so that the close that follows finds the drafter's session
+            # (an open still waiting for KV blocks there would otherwise open after the close and be left behind).
+            for outcome in await asyncio.gather(*calls, return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome
         state.stats.prefill_ns = time.perf_counter_ns() - started
         state.metrics.stage_ns(prefill=state.stats.prefill_ns)
 

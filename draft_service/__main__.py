@@ -24,9 +24,7 @@ log = logging.getLogger("draft_service")
 def build_service(settings: DraftSettings) -> DraftService:
     """Loads the draft model (if any) and wraps it in a DraftService."""
     if settings.model:
-        model = LoadedModel.load(
-            ModelSettings(settings.model, settings.device, settings.dtype, settings.threads, settings.attention_kernel)
-        )
+        model = LoadedModel.load(ModelSettings.of(settings))
         return DraftService(settings, model, model.vocab_size)
     if settings.vocab_size <= 0:
         raise SystemExit("a model-free draft service needs --vocab-size (the target's vocabulary size)")
@@ -35,7 +33,8 @@ def build_service(settings: DraftSettings) -> DraftService:
 
 async def serve(settings: DraftSettings) -> None:
     service = build_service(settings)
-    start_telemetry("draft", settings, service.sessions)
+    model = service.model
+    start_telemetry("draft", settings, service.sessions, model.kv_pool.blocks if model and model.packed else None)
     servicer = DrafterServicer(service, observe_batch)
     expiry = asyncio.ensure_future(servicer.expire_idle_sessions())
     try:

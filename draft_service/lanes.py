@@ -36,6 +36,11 @@ class DraftLanes:
         """Adds `count` lanes, each a copy of lane 0 as it stands (e.g. just prefilled)."""
         self._lanes.extend(self._lanes[0].fork() for _ in range(count))
 
+    def release(self) -> None:
+        """Empties every lane, giving its KV cache back (the session is closed)."""
+        for lane in self._lanes:
+            lane.truncate(0)
+
     @property
     def kv_cache_tokens(self) -> int:
         """Tokens held in the caches of all lanes."""

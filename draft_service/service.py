@@ -12,7 +12,7 @@ from draft_service.model_drafter import ModelDraftSession
 from draft_service.ngram_drafter import NgramDraftSession, NgramSettings
 from draft_service.settings import DraftSettings
 from specdec.drafting import Drafted, DraftRun
-from specdec.errors import InvalidFieldError, StaleBaseLenError
+from specdec.errors import InvalidFieldError, KVCacheFullError, StaleBaseLenError
 from specdec.kv_session import run_forwards
 from specdec.model_runtime import LoadedModel
 from specdec.sampling import SamplingParams
@@ -81,7 +81,9 @@ class DraftService:
         self.vocab_size = vocab_size
         self.ngram_settings = NgramSettings(settings.ngram_min, settings.ngram_max, settings.ngram_max_proposal)
         self.ngram_settings.validate()
-        self.sessions: SessionStore[DraftLanes] = SessionStore(settings.max_sessions, lambda s: s.kv_cache_tokens)
+        self.sessions: SessionStore[DraftLanes] = SessionStore(
+            settings.max_sessions, lambda s: s.kv_cache_tokens, DraftLanes.release
+        )
         # What one batched draft position costs (one token per session), for the coordinator's policy.
         self.step_cost = calibrate(model, one_token_rows=True) if model is not None else None
 
@@ -193,22 +195,29 @@ class DraftService:
                 return
             if isinstance(outcome, Exception):
                 del running[index]
+                if isinstance(outcome, KVCacheFullError):  # a session that cannot grow is ended (its caller is told)
+                    ended.append(step.calls[index][0])
                 step.finish(index, outcome)
                 return
             call.answer(slot, lane, Proposal(outcome.token_ids, outcome.probs, outcome.alternatives))
             if not call.drafting:
                 step.finish(index, running.pop(index).answers())
 
-        for index in range(len(step.calls)):
-            start(index)
-        while run:
-            for index in step.join():
+        ended: list[str] = []  # sessions that could not grow: closed once the step's passes are done with them
+        try:
+            for index in range(len(step.calls)):
                 start(index)
-            for call in running.values():
-                call.passes += 1
-                call.rows += run.rows
-            for (index, slot, lane), outcome in run.step():
-                drafted(index, slot, lane, outcome)
+            while run:
+                for index in step.join():
+                    start(index)
+                for call in running.values():
+                    call.passes += 1
+                    call.rows += run.rows
+                for (index, slot, lane), outcome in run.step():
+                    drafted(index, slot, lane, outcome)
+        finally:
+            for session_id in ended:
+                self.close(session_id)
 
     def _sync_lanes(
         self, session_id: str, proposals: Sequence[LaneProposal], started: int

@@ -7,12 +7,14 @@ Propose calls join a running propose step before its next pass (--join-running-s
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 
 from draft_service.service import MODEL, NGRAM, DraftService, LaneProposal, ProposeResult
+from specdec.kv_admission import KVAdmission
 from specdec.session_store import expire_idle_sessions
 from specdec.step_batcher import StepBatcher
 from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
-from specdec.wire import check_token_ids, probs_to_proto, session_sampling_from_proto
+from specdec.wire import check_token_ids, kv_block_info, probs_to_proto, session_sampling_from_proto
 
 METHOD_NAMES = {
     common_pb2.DRAFT_METHOD_UNSPECIFIED: None,
@@ -42,6 +44,9 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             service.settings.max_batch_wait_ms / 1000,
             joining_fns=joining,
         )
+        model = service.model
+        wait_s = service.settings.kv_admission_wait_ms / 1000
+        self._admission = KVAdmission(model.kv_pool, wait_s) if model is not None and model.packed else None
 
     def close(self) -> None:
         """Ends the model thread once the server has stopped."""
@@ -60,9 +65,13 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         prompt = check_token_ids(request.prompt_token_ids, self.service.vocab_size, "prompt_token_ids")
         params = session_sampling_from_proto(request.sampling, request.sampling_rule)
         method = METHOD_NAMES.get(request.draft_method, "unknown")
-        prefill_ns = await self._batcher.submit(
-            "open", request.session_id, prompt, params, method, max(request.num_lanes, 1)
+        lanes = max(request.num_lanes, 1)
+        holds_kv = self._admission is not None and (method or self.service.settings.default_draft_method) == MODEL
+        admitted = (
+            self._admission.admitted(self._admission.blocks_needed(len(prompt), lanes)) if holds_kv else nullcontext()
         )
+        async with admitted:
+            prefill_ns = await self._batcher.submit("open", request.session_id, prompt, params, method, lanes)
         return drafter_pb2.OpenDraftSessionResponse(session_len=len(prompt), prefill_ns=prefill_ns)
 
     async def Propose(self, request: drafter_pb2.ProposeRequest, context) -> drafter_pb2.ProposeResponse:
@@ -100,6 +109,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             draft_methods=[METHOD_ENUMS[m] for m in service.methods],
             step_cost_fixed_ns=service.step_cost.fixed_ns if service.step_cost else 0.0,
             step_cost_per_token_ns=service.step_cost.per_token_ns if service.step_cost else 0.0,
+            **kv_block_info(model.kv_pool if model and model.packed else None),
         )
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from specdec.cpu_affinity import CpuAffinitySettings
 from specdec.embedded_pair import DEMO_DRAFT_DIR
+from specdec.kv_admission import KVCacheSettings
 from specdec.session_store import SessionExpirySettings
 from specdec.settings import setting
 from specdec.step_batcher import StepBatchingSettings
@@ -13,7 +14,9 @@ from specdec.tls import ServerTlsSettings
 
 
 @dataclass(frozen=True)
-class DraftSettings(ServerTlsSettings, StepBatchingSettings, SessionExpirySettings, CpuAffinitySettings):
+class DraftSettings(
+    ServerTlsSettings, StepBatchingSettings, SessionExpirySettings, CpuAffinitySettings, KVCacheSettings
+):
     """Everything the draft service reads at start-up (tls_*: TLS, or mutual TLS with tls_client_ca, on its port)."""
 
     address: str = setting("[::]:50061", "host:port to serve gRPC on (port 0 picks a free port)")

@@ -34,6 +34,11 @@ class CapacityError(SpecDecError):
     """A limit was reached: sessions, context, rate (RESOURCE_EXHAUSTED)."""
 
 
+class KVCacheFullError(CapacityError):
+    """The KV cache's budget has too few free blocks for a session to open or grow (RESOURCE_EXHAUSTED). The
+    message says what was asked and what is free."""
+
+
 class StaleBaseLenError(SpecDecError):
     """The caller's base_len is past what this replica holds (FAILED_PRECONDITION); carries our length."""
 

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import grpc
+import torch
 from google.protobuf.message import DecodeError
 
 from specdec.errors import (
@@ -32,6 +33,7 @@ STATUS_BY_ERROR: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (SessionExistsError, grpc.StatusCode.ALREADY_EXISTS),
     (CapacityError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (ContextOverflowError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (torch.OutOfMemoryError, grpc.StatusCode.RESOURCE_EXHAUSTED),  # failed one step; the next one runs
     (StaleBaseLenError, grpc.StatusCode.FAILED_PRECONDITION),
     (DownstreamUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),

@@ -1,129 +1,171 @@
-"""Keys and values of every sequence on one model, in one pooled buffer per layer.
+"""Keys and values of every sequence on one model, in fixed-size blocks under a memory budget (paged KV cache).
 
-A layer's buffer is [slots, H_kv, capacity, D]: each sequence owns a slot, the keys/values of position p sit at
-[slot, :, p]. Pooling lets a packed step (specdec/packed_forward.py) attend for many sequences in one call,
-over a contiguous range of slots, with no copy of anyone's cache. A step writes only its new positions in
-place; rollback (`crop`) only lowers a sequence's length.
+A layer's buffer is [H_kv, blocks, B, D]: B positions (the block size) per block, each head's blocks side by side,
+so a sequence whose blocks are consecutive ids reads each head's keys as one run of memory, as a contiguous cache
+would. Each sequence holds a block table: position p of the sequence sits in block table[p // B] at p % B. A packed
+step (specdec/packed_forward.py) attends for many sequences in one call, reading each through its table, with no
+copy of anyone's cache.
 
-Sequences take the lowest free slot, so the open ones stay packed at the start of the pool. The pool grows by
-doubling, in slots and in capacity (positions per slot); every slot has the same capacity, so the memory held
-is slots × the longest sequence seen (up to twice), like a static cache sized by use.
+Blocks are handed out when a forward is planned (`SequenceKV.reserve`), before the model runs: a budget that is
+spent refuses the session that asked (KVCacheFullError) and nobody else. A fork shares its parent's blocks and
+the first write into a shared block copies it (copy-on-write; specdec/kv_blocks.py keeps the counts), so a
+drafter's lanes cost blocks for what each adds, not for the whole prefix. Rollback (`crop`) frees whole blocks
+past the new length.
+
+The number of blocks comes from the budget (specdec/kv_budget.py). On CUDA the buffers are allocated whole at the
+first write; elsewhere they double from a few blocks up to the budget as blocks are handed out, so a small model
+on CPU holds memory for what it uses.
 """
 
 from __future__ import annotations
 
-import heapq
 import threading
 import weakref
 
 import torch
 
-_MIN_SLOTS = 4
-_MIN_CAPACITY = 64
+from specdec.kv_blocks import BlockAllocator
+
+_MIN_BLOCKS = 64
 
 
 class KVPool:
-    """Per-layer [slots, H_kv, capacity, D] key and value buffers shared by the sequences of one model.
+    """Per-layer [H_kv, blocks, B, D] key and value buffers shared by the sequences of one model.
 
-    A layer's buffers take their shape, dtype and device from its first write (so a tensor-parallel rank holds
-    only its own heads) and catch up with the pool's slot count and capacity on each later write.
+    A layer's buffers take their heads, head size, dtype and device from its first write (so a tensor-parallel rank
+    holds only its own heads) and catch up with the pool's block count on each later write.
     """
 
-    def __init__(self, num_layers: int):
-        self.keys: list[torch.Tensor | None] = [None] * num_layers  # per layer [slots, H_kv, capacity, D]
-        self.values: list[torch.Tensor | None] = [None] * num_layers  # per layer [slots, H_kv, capacity, D]
-        self.slot_count = _MIN_SLOTS
-        self.capacity = _MIN_CAPACITY
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int = 16, preallocate: bool = False):
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self.blocks = BlockAllocator(num_blocks)
+        self.keys: list[torch.Tensor | None] = [None] * num_layers  # per layer [H_kv, blocks, B, D]
+        self.values: list[torch.Tensor | None] = [None] * num_layers  # per layer [H_kv, blocks, B, D]
+        self.allocated_blocks = num_blocks if preallocate else min(num_blocks, _MIN_BLOCKS)  # buffers' block count
         self.lock = threading.RLock()  # one pass, allocation or release at a time
-        self._free: list[int] = []  # a heap of released slots below _next_slot
-        self._next_slot = 0
+        self.open_sequences = 0
+        self.peak_sequences = 0  # most sequences open at once
+        self.longest_sequence = 0  # most positions one sequence has held
 
     def new_sequence(self) -> SequenceKV:
-        """An empty sequence in the lowest free slot."""
-        return SequenceKV(self, self._allocate())
-
-    def _allocate(self) -> int:
+        """An empty sequence holding no blocks."""
         with self.lock:
-            if self._free:
-                return heapq.heappop(self._free)
-            slot = self._next_slot
-            self._next_slot += 1
-            while slot >= self.slot_count:
-                self.slot_count *= 2
-            return slot
+            self.open_sequences += 1
+            self.peak_sequences = max(self.peak_sequences, self.open_sequences)
+            return SequenceKV(self)
 
-    def _release(self, slot: int) -> None:
+    def blocks_for(self, positions: int) -> int:
+        """Blocks that hold `positions` positions."""
+        return -(-positions // self.block_size)
+
+    def allocate(self, count: int) -> list[int]:
+        """`count` free blocks (KVCacheFullError when too few are free); the buffers grow to hold them."""
+        taken = self.blocks.allocate(count, self.block_size)
+        if taken:
+            while max(taken) >= self.allocated_blocks:
+                self.allocated_blocks = min(2 * self.allocated_blocks, self.blocks.num_blocks)
+        return taken
+
+    def _close(self, table: list[int]) -> None:
+        """A sequence is gone: its blocks go back."""
         with self.lock:
-            heapq.heappush(self._free, slot)
-
-    def reserve(self, positions: int) -> None:
-        """Makes room for `positions` positions in every slot (takes effect in each layer at its next write)."""
-        while positions > self.capacity:
-            self.capacity *= 2
+            self.open_sequences -= 1
+            self.blocks.release(table)
 
     def write(
-        self, layer: int, slots: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+        self, layer: int, blocks: torch.Tensor, offsets: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stores keys/values [T, H_kv, D] of T tokens at (slots[t], positions[t]); returns the layer's buffers."""
+        """Stores keys/values [T, H_kv, D] of T tokens at (blocks[t], offsets[t]); returns the layer's buffers."""
         self._fit(layer, keys)
-        self.keys[layer][slots, :, positions] = keys
-        self.values[layer][slots, :, positions] = values
+        self.keys[layer][:, blocks, offsets] = keys.transpose(0, 1)  # [H_kv, T, D]
+        self.values[layer][:, blocks, offsets] = values.transpose(0, 1)
         return self.keys[layer], self.values[layer]
 
     @torch.inference_mode()  # the buffers are inference tensors (made in a forward pass)
-    def copy_slot(self, source: int, target: int, length: int) -> None:
-        """Copies the first `length` positions of one slot into another, in every layer written so far."""
+    def copy_block(self, source: int, target: int) -> None:
+        """Copies one block into another, in every layer written so far."""
         for layer, held in enumerate(self.keys):
             if held is not None:
-                self._fit(layer, held[0, :, 0])
-                self.keys[layer][target, :, :length] = self.keys[layer][source, :, :length]
-                self.values[layer][target, :, :length] = self.values[layer][source, :, :length]
+                self._fit(layer, held[:, 0, 0])
+                self.keys[layer][:, target] = self.keys[layer][:, source]
+                self.values[layer][:, target] = self.values[layer][:, source]
 
     def _fit(self, layer: int, like: torch.Tensor) -> None:
-        """Brings a layer's buffers to the pool's slot count and capacity (like: [..., H_kv, D] sets a new
-        layer's shape). New room is zeroed: a batched attention reads it, masked out, and must see finite values."""
+        """Brings a layer's buffers to the pool's block count (like: [..., H_kv, D] sets a new layer's shape). New
+        room is zeroed: an attention over a padded block table reads it, masked out, and must see finite values.
+        The layer keeps its old buffers until both new ones are allocated."""
         held = self.keys[layer]
-        if held is not None and held.shape[0] == self.slot_count and held.shape[2] == self.capacity:
+        if held is not None and held.shape[1] == self.allocated_blocks:
             return
-        heads, head_dim = like.shape[-2], like.shape[-1]
-        shape = (self.slot_count, heads, self.capacity, head_dim)
-        self.keys[layer] = _grown(held, like.new_zeros(shape))
-        self.values[layer] = _grown(self.values[layer], like.new_zeros(shape))
+        shape = (like.shape[-2], self.allocated_blocks, self.block_size, like.shape[-1])
+        keys, values = _grown(held, like.new_zeros(shape)), _grown(self.values[layer], like.new_zeros(shape))
+        self.keys[layer], self.values[layer] = keys, values
 
 
 def _grown(held: torch.Tensor | None, room: torch.Tensor) -> torch.Tensor:
-    """room with held's contents copied into its leading corner."""
+    """room with held's blocks copied into its first blocks."""
     if held is not None:
-        room[: held.shape[0], :, : held.shape[2]] = held
+        room[:, : held.shape[1]] = held
     return room
 
 
 class SequenceKV:
-    """One sequence's slot in a KVPool and the number of positions it holds.
+    """One sequence's block table in a KVPool and the number of positions it holds.
 
-    Behaves like a transformers cache where the rest of the code looks (`get_seq_length`, `crop(-n)`); the slot
-    goes back to the pool when the sequence is garbage.
+    Behaves like a transformers cache where the rest of the code looks (`get_seq_length`, `crop(-n)`); its blocks
+    go back to the pool when the sequence is garbage.
     """
 
-    def __init__(self, pool: KVPool, slot: int):
+    def __init__(self, pool: KVPool):
         self.pool = pool
-        self.slot = slot
+        self.table: list[int] = []  # block ids; changed in place only (the finalizer holds this list)
         self.length = 0
-        weakref.finalize(self, pool._release, slot)
+        weakref.finalize(self, pool._close, self.table)
 
     def get_seq_length(self) -> int:
         return self.length
 
+    def reserve(self, length: int) -> None:
+        """Holds blocks for the first `length` positions and makes the blocks that positions self.length..length-1
+        fall in its own (copying shared ones). Raises KVCacheFullError, holding nothing new, when too few are free."""
+        pool = self.pool
+        with pool.lock:
+            needed = pool.blocks_for(length)
+            shared = [
+                index
+                for index in range(self.length // pool.block_size, min(needed, len(self.table)))
+                if pool.blocks.is_shared(self.table[index])
+            ]
+            fresh = pool.allocate(len(shared) + max(0, needed - len(self.table)))
+            for index, block in zip(shared, fresh):
+                pool.copy_block(self.table[index], block)
+                pool.blocks.release([self.table[index]])
+                self.table[index] = block
+            self.table.extend(fresh[len(shared) :])
+            pool.longest_sequence = max(pool.longest_sequence, length)
+
     def crop(self, tokens_to_remove: int) -> None:
-        """Drops the last -tokens_to_remove positions (DynamicCache's convention: a negative count)."""
+        """Drops the last -tokens_to_remove positions (DynamicCache's convention: a negative count) and frees the
+        blocks past them."""
         if tokens_to_remove > 0:
             raise ValueError(f"crop takes a negative count of positions to drop, got {tokens_to_remove}")
         self.length = max(0, self.length + tokens_to_remove)
+        self.trim()
+
+    def trim(self) -> None:
+        """Frees the blocks past the positions held (e.g. reserved for a step that failed)."""
+        with self.pool.lock:
+            keep = self.pool.blocks_for(self.length)
+            self.pool.blocks.release(self.table[keep:])
+            del self.table[keep:]
 
     def __deepcopy__(self, memo: dict) -> SequenceKV:
-        """An independent copy in a new slot of the same pool, holding the same positions."""
+        """An independent copy holding the same positions: it shares every block until one of the two writes."""
         with self.pool.lock:
             twin = self.pool.new_sequence()
-            self.pool.copy_slot(self.slot, twin.slot, self.length)
-        twin.length = self.length
+            twin.table.extend(self.table)
+            twin.length = self.length
+            self.pool.blocks.share(self.table)
         return twin

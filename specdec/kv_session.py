@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.errors import KVCacheFullError
+from specdec.kv_pool import SequenceKV
 from specdec.model_runtime import LoadedModel
 
 
@@ -68,6 +70,11 @@ class KVSession:
         refeed_from = len(self.tokens) - rows
         if self.cached_len > refeed_from:
             self.cache.crop(refeed_from - self.cached_len)
+        try:
+            self._reserve(len(self.tokens))
+        except KVCacheFullError:
+            del self.tokens[previous_len:]
+            raise
         return PlannedForward(self, self.tokens[self.cached_len :], rows)
 
     def plan_prefill(self) -> PlannedForward | None:
@@ -75,7 +82,14 @@ class KVSession:
         there is nothing to feed."""
         if len(self.tokens) - self.cached_len <= 1:
             return None
+        self._reserve(len(self.tokens) - 1)
         return PlannedForward(self, self.tokens[self.cached_len : -1], 0)
+
+    def _reserve(self, length: int) -> None:
+        """Holds cache room for the first `length` tokens before a forward is run (a paged cache; KVCacheFullError
+        when its budget is spent), so that a session that cannot grow fails alone, at planning."""
+        if isinstance(self.cache, SequenceKV):
+            self.cache.reserve(length)
 
     def extend(self, token_ids: Sequence[int] = (), score_previous: bool = True) -> torch.Tensor:
         """Appends token_ids and feeds every pending token in one forward pass.
@@ -98,7 +112,7 @@ class KVSession:
         alone (e.g. a draft lane started from a prefilled one instead of prefilling again)."""
         twin = copy.copy(self)
         twin.tokens = list(self.tokens)
-        twin.cache = copy.deepcopy(self.cache)  # a SequenceKV or a transformers cache
+        twin.cache = copy.deepcopy(self.cache)  # a SequenceKV (sharing blocks) or a transformers cache
         return twin
 
     def truncate(self, length: int) -> None:

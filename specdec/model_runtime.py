@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -13,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.cpu_lm_head import use_onednn_lm_head
+from specdec.kv_budget import block_bytes, blocks_in_budget
 from specdec.kv_pool import KVPool, SequenceKV
 from specdec.packed_forward import PACKED_ATTENTION, packed_forward
 from specdec.packed_self_test import choose_forward_path
@@ -32,6 +34,13 @@ class ModelSettings:
     dtype: str = "float32"  # a key of DTYPES
     threads: int = 0  # intra-op CPU threads; 0 keeps torch's default
     attention_kernel: bool = True  # CPU, float32: short packed rows attend in the compiled kernel (else SDPA)
+    kv_cache_budget: float = 0.5  # KV cache bytes, or (at most 1) that share of the device's free memory
+    kv_block_size: int = 16  # positions per KV cache block
+
+    @classmethod
+    def of(cls, service_settings: object) -> ModelSettings:
+        """The model part of a service's settings: its fields of the same names."""
+        return cls(**{field.name: getattr(service_settings, field.name) for field in dataclasses.fields(cls)})
 
 
 class TokenizerMismatchError(ValueError):
@@ -75,8 +84,9 @@ class LoadedModel:
     """A causal LM and its tokenizer, ready for cached forward passes on one device.
 
     Models whose attention the packed forward reproduces run packed (specdec/packed_forward.py): their caches are
-    SequenceKV buffers and `forward_rows` runs many sequences in one pass. Others keep a DynamicCache and run one
-    sequence per pass; `unpacked_reason` says why. A start-up self-test decides (specdec/packed_self_test.py).
+    SequenceKV block tables in one paged pool under the settings' budget, and `forward_rows` runs many sequences in
+    one pass. Others keep a DynamicCache and run one sequence per pass; `unpacked_reason` says why. A start-up
+    self-test decides (specdec/packed_self_test.py).
     """
 
     def __init__(self, settings: ModelSettings, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
@@ -101,7 +111,7 @@ class LoadedModel:
         """Many sequences per pass from now on: packed attention, a KVPool, the compiled kernel where it fits."""
         model, config = self.model, self.model.config
         model.set_attn_implementation(PACKED_ATTENTION)
-        self.kv_pool = KVPool(config.num_hidden_layers)  # every sequence's keys/values on this model
+        self.kv_pool = self._make_pool()  # every sequence's keys/values on this model
         head_dim = getattr(config, "head_dim", None) or (config.hidden_size // config.num_attention_heads)
         if self.settings.attention_kernel and kernel_fits(self.device, model.dtype, head_dim):
             self.attention_kernel = load_kernel()
@@ -112,6 +122,25 @@ class LoadedModel:
         self.model.set_attn_implementation(attention)
         self.attention_kernel = None
         self.packed = False
+
+    def _make_pool(self) -> KVPool:
+        """The model's paged KV pool, as many blocks as the budget buys; logs what it reserved."""
+        settings, config = self.settings, self.model.config
+        num_blocks = blocks_in_budget(
+            settings.kv_cache_budget, config, self.model.dtype, self.device, settings.kv_block_size
+        )
+        per_block = block_bytes(config, self.model.dtype, settings.kv_block_size)
+        log.info(
+            "KV cache of %s: %d blocks of %d positions, %.1f MiB (kv_cache_budget %g)",
+            settings.model,
+            num_blocks,
+            settings.kv_block_size,
+            num_blocks * per_block / 2**20,
+            settings.kv_cache_budget,
+        )
+        return KVPool(
+            config.num_hidden_layers, num_blocks, settings.kv_block_size, preallocate=self.device.type == "cuda"
+        )
 
     @classmethod
     def load(cls, settings: ModelSettings, **from_pretrained_kwargs) -> LoadedModel:

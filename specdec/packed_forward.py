@@ -9,13 +9,13 @@ its own keys/values only.
 On CPU in float32, the short rows (decode steps, verify blocks) attend in one call per layer to a compiled kernel
 (specdec/ragged_attention.py); elsewhere SDPA attends them as follows.
 
-The rows' keys/values live in one KVPool per model (specdec/kv_pool.py), a slot per sequence. Rows of a few
-tokens each (decode steps, verify blocks) may share an attention call on a grid: their queries laid out
-[slots, n, H, D] over the range of slots they occupy, against that range of the pool up to the grid's longest
-row, with a mask that gives each row its own causal window. A grid saves calls but reads positions its shorter
-rows and the idle slots between never use, so rows in slot order join a grid only where that reads fewer extra
-positions than a call costs (GRID_CALL_POSITIONS): a drafter's lanes of similar lengths in neighbouring slots
-share one, verify rows of very different lengths attend one row per call. Long rows (prefills) attend alone.
+The rows' keys/values live in one paged KVPool per model (specdec/kv_pool.py): each row reads its positions
+through its block table. Rows of a few tokens each (decode steps, verify blocks) may share an SDPA call on a grid:
+their blocks gathered into [rows, H_kv, length, D] up to the grid's longest row, their queries laid out
+[rows, n, H, D], with a mask that gives each row its own causal window. A grid saves calls but reads positions its
+shorter rows never use, so rows in order of length join a grid only where that reads fewer extra positions than a
+call costs (GRID_CALL_POSITIONS): a drafter's lanes of similar lengths share one, verify rows of very different
+lengths attend one row per call. Long rows (prefills) attend alone.
 
 A sliding-window layer (Mistral, Gemma-2/3's local layers, Qwen2 with use_sliding_window) whose window is shorter
 than some row's end attends every row alone with a windowed mask (`_windowed_mask`); a window as long as every row
@@ -38,8 +38,8 @@ from specdec.ragged_attention import AttendRows
 
 PACKED_ATTENTION = "specdec_packed"
 GRID_MAX_TOKENS = 16  # rows of at most this many new tokens are short: they may attend on grids or in the kernel
-# One more attention call costs about what attending this many more slot-positions costs. On CPU, 1 thread, 4
-# heads of 64, cold caches: ~15 µs a call against ~0.35 µs a slot-position for 5 queries (11 and 0.15 for one).
+# One more attention call costs about what attending this many more row-positions costs. On CPU, 1 thread, 4
+# heads of 64, cold caches: ~15 µs a call against ~0.35 µs a row-position for 5 queries (11 and 0.15 for one).
 GRID_CALL_POSITIONS = 48
 
 
@@ -54,16 +54,16 @@ class PackedRow:
 
 @dataclass(frozen=True)
 class AttentionGrid:
-    """Where one grid's rows' tokens go on a [hi - lo, n, H, D] query grid, and the mask every layer shares."""
+    """Where one grid's rows' tokens go on a [rows, n, H, D] query grid, their blocks, and the mask every layer
+    shares."""
 
     rows: tuple[int, ...]  # indexes of the step's rows on the grid
-    lo: int  # first slot of the range
-    hi: int  # one past the last slot of the range
     length: int  # positions attended: the longest grid row's end
     tokens: torch.Tensor | None  # [Tg] packed indexes of the grid rows' tokens (None: all tokens, in order)
-    slot_offsets: torch.Tensor  # [Tg] slot - lo of each grid token
+    grid_rows: torch.Tensor  # [Tg] the grid row of each grid token
     query_positions: torch.Tensor  # [Tg] index of each grid token within its row (0..n-1)
-    mask: torch.Tensor  # [hi - lo, 1, n, length] additive: 0 where a query sees a position, -inf elsewhere
+    tables: torch.Tensor  # [S, blocks] each grid row's block table, padded with its first block
+    mask: torch.Tensor  # [S, 1, n, length] additive: 0 where a query sees a position, -inf elsewhere
 
     @classmethod
     def plan_all(
@@ -74,24 +74,22 @@ class AttentionGrid:
         device: torch.device,
         dtype: torch.dtype,
     ) -> list[AttentionGrid]:
-        """The grids of a step's short rows. In slot order, a row joins the grid before it where the slot-positions
-        the grid would read with it (idle slots and positions past a row's end included) are no more than the two
-        read apart plus GRID_CALL_POSITIONS; otherwise it starts a new one. A row left alone gets no grid: it
-        attends alone."""
-        short = sorted((i for i, row in enumerate(rows) if row.count <= GRID_MAX_TOKENS), key=lambda i: rows[i].kv.slot)
+        """The grids of a step's short rows. In order of length, a row joins the grid before it where the positions
+        its rows would read past their ends for it (the new row's length over the grid's, per row already there) are
+        no more than GRID_CALL_POSITIONS; otherwise it starts a new one. A row left alone gets no grid: it attends
+        alone."""
+        short = sorted(
+            (i for i, row in enumerate(rows) if row.count <= GRID_MAX_TOKENS),
+            key=lambda i: rows[i].start + rows[i].count,
+        )
         clusters: list[list[int]] = []
         length = 0  # positions the last cluster attends: its longest row's end
         for i in short:
-            end, slot = rows[i].start + rows[i].count, rows[i].kv.slot
-            if clusters:
-                first_slot, last_slot = rows[clusters[-1][0]].kv.slot, rows[clusters[-1][-1]].kv.slot
-                joined = (slot - first_slot + 1) * max(length, end)
-                apart = (last_slot - first_slot + 1) * length + GRID_CALL_POSITIONS + end
-                if joined <= apart:
-                    clusters[-1].append(i)
-                    length = max(length, end)
-                    continue
-            clusters.append([i])
+            end = rows[i].start + rows[i].count
+            if clusters and len(clusters[-1]) * (end - length) <= GRID_CALL_POSITIONS:
+                clusters[-1].append(i)
+            else:
+                clusters.append([i])
             length = end
         return [
             cls.plan(rows, cluster, offsets, total_tokens, device, dtype) for cluster in clusters if len(cluster) > 1
@@ -107,36 +105,44 @@ class AttentionGrid:
         device: torch.device,
         dtype: torch.dtype,
     ) -> AttentionGrid:
-        """The grid of the rows `on_grid` (indexes into rows, in slot order)."""
-        slots = [rows[i].kv.slot for i in on_grid]
-        lo, hi = min(slots), max(slots) + 1
+        """The grid of the rows `on_grid` (indexes into rows)."""
+        pool = rows[on_grid[0]].kv.pool
         query_len = max(rows[i].count for i in on_grid)
         length = max(rows[i].start + rows[i].count for i in on_grid)
-        starts = [0] * (hi - lo)  # [S] slots outside the step see position 0 onwards
-        tokens, slot_offsets, query_positions = [], [], []
-        for i in on_grid:
+        width = pool.blocks_for(length)
+        starts, tables, tokens, grid_rows, query_positions = [], [], [], [], []
+        for grid_row, i in enumerate(on_grid):
             row = rows[i]
-            starts[row.kv.slot - lo] = row.start
+            table = row.kv.table[: pool.blocks_for(row.start + row.count)]
+            starts.append(row.start)
+            tables.append(table + table[:1] * (width - len(table)))
             tokens.extend(range(offsets[i], offsets[i] + row.count))
-            slot_offsets.extend([row.kv.slot - lo] * row.count)
+            grid_rows.extend([grid_row] * row.count)
             query_positions.extend(range(row.count))
-        # Query j of slot s sees positions 0..starts[s]+j; padded queries and idle slots see finite values
-        # (the pool is zero-filled) and their outputs are never read.
+        # Query j of grid row s sees positions 0..starts[s]+j; padded queries and the positions past a row's end
+        # (padding blocks) see finite values (the pool is zero-filled) and are masked out or never read.
         last_seen = torch.tensor(starts)[:, None] + torch.arange(query_len)  # [S, n]
         visible = torch.arange(length) <= last_seen[:, :, None]  # [S, n, L]
         mask = _additive(visible).unsqueeze(1)  # [S, 1, n, L]
         in_packing_order = tokens == list(range(total_tokens))  # every token of the step, in order
-        indexes = torch.tensor([tokens, slot_offsets, query_positions], device=device)  # [3, Tg]
+        indexes = torch.tensor([tokens, grid_rows, query_positions], device=device)  # [3, Tg]
         return cls(
             tuple(on_grid),
-            lo,
-            hi,
             length,
             None if in_packing_order else indexes[0],
             indexes[1],
             indexes[2],
+            torch.tensor(tables, device=device),
             mask.to(device, dtype),
         )
+
+
+def gather_blocks(buffer: torch.Tensor, tables: torch.Tensor, length: int) -> torch.Tensor:
+    """The first `length` positions of the sequences whose block tables are tables [S, blocks], from one layer's
+    buffer [H_kv, N, B, D]: [S, H_kv, length, D]."""
+    gathered = buffer[:, tables]  # [H_kv, S, blocks, B, D]
+    heads, rows, blocks, block_size, head_dim = gathered.shape
+    return gathered.transpose(0, 1).reshape(rows, heads, blocks * block_size, head_dim)[:, :, :length]
 
 
 def _additive(visible: torch.Tensor) -> torch.Tensor:
@@ -156,7 +162,8 @@ def _causal_mask(row: PackedRow, device: torch.device, dtype: torch.dtype) -> to
 
 
 class PackedStep:
-    """The rows of one packed forward, in packing order (passed to the attention function as a kwarg)."""
+    """The rows of one packed forward, in packing order (passed to the attention function as a kwarg). Every row
+    holds blocks for its new positions already (SequenceKV.reserve)."""
 
     def __init__(
         self, rows: Sequence[PackedRow], device: torch.device, dtype: torch.dtype, kernel: AttendRows | None = None
@@ -166,30 +173,45 @@ class PackedStep:
         self.offsets = [0]  # row i's tokens are packed at offsets[i]..offsets[i+1]-1
         for row in self.rows:
             self.offsets.append(self.offsets[-1] + row.count)
-        self.pool.reserve(max(row.start + row.count for row in self.rows))
-        self.positions = torch.tensor(
-            [p for r in self.rows for p in range(r.start, r.start + r.count)], device=device
-        )  # [T]
-        self.slots = torch.tensor([r.kv.slot for r in self.rows for _ in range(r.count)], device=device)  # [T]
+        block_size = self.pool.block_size
+        positions = [p for r in self.rows for p in range(r.start, r.start + r.count)]
+        self.positions = torch.tensor(positions, device=device)  # [T]
+        written = [
+            (r.kv.table[p // block_size], p % block_size) for r in self.rows for p in range(r.start, r.start + r.count)
+        ]
+        self.write_at = torch.tensor(written, device=device).T  # [2, T]: each token's block and place in it
         short = [i for i, row in enumerate(self.rows) if row.count <= GRID_MAX_TOKENS]
         self.kernel = kernel if short else None
-        # With the kernel: its short rows as (slot, start, count, offset) [R, 4]; no grids.
-        self.kernel_rows = (
-            None
-            if self.kernel is None
-            else torch.tensor(
-                [[self.rows[i].kv.slot, self.rows[i].start, self.rows[i].count, self.offsets[i]] for i in short]
-            )
-        )
+        # With the kernel: its short rows as (table offset, start, count, offset) [R, 4] and their tables [M]; no grids.
+        self.kernel_rows, self.kernel_tables = (None, None) if self.kernel is None else self._kernel_layout(short)
         self.grids = (
             []
             if self.kernel is not None
             else AttentionGrid.plan_all(self.rows, self.offsets, self.total_tokens, device, dtype)
         )
         shared = set(short) if self.kernel is not None else {i for grid in self.grids for i in grid.rows}
-        # (row index, its causal mask [n, start+n] or None for one token): the rows attending one per call
-        self.single_rows = [(i, _causal_mask(row, device, dtype)) for i, row in enumerate(self.rows) if i not in shared]
-        self.windowed_masks: dict[int, list[tuple[int, torch.Tensor]]] = {}  # window -> per row (first key, mask)
+        # (row index, its causal mask [n, start+n] or None for one token, its block table [blocks]): the rows
+        # attending one per call
+        self.single_rows = [
+            (i, _causal_mask(row, device, dtype), self.table_of(row, device))
+            for i, row in enumerate(self.rows)
+            if i not in shared
+        ]
+        # window -> per row (first position attended, its mask, its block table [blocks])
+        self.windowed_masks: dict[int, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
+
+    def _kernel_layout(self, short: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kernel's rows [R, 4] and block tables [M] for the short rows."""
+        layout, tables = [], []
+        for i in short:
+            row = self.rows[i]
+            layout.append([len(tables), row.start, row.count, self.offsets[i]])
+            tables.extend(row.kv.table[: self.pool.blocks_for(row.start + row.count)])
+        return torch.tensor(layout), torch.tensor(tables, dtype=torch.long)
+
+    def table_of(self, row: PackedRow, device: torch.device) -> torch.Tensor:
+        """The blocks holding a row's positions [blocks]."""
+        return torch.tensor(row.kv.table[: self.pool.blocks_for(row.start + row.count)], device=device)
 
     @property
     def total_tokens(self) -> int:
@@ -224,8 +246,8 @@ def packed_attention(
         raise ValueError("packed attention has no logit soft-capping")
     step = packed_step
     pooled_keys, pooled_values = step.pool.write(
-        module.layer_idx, step.slots, step.positions, key[0].transpose(0, 1), value[0].transpose(0, 1)
-    )  # [S, H_kv, C, D]
+        module.layer_idx, step.write_at[0], step.write_at[1], key[0].transpose(0, 1), value[0].transpose(0, 1)
+    )  # [H_kv, N, B, D]
     grouped = query.shape[1] != key.shape[1]
     if sliding_window is not None and any(row.start + row.count > sliding_window for row in step.rows):
         return _windowed_attention(step, query, pooled_keys, pooled_values, sliding_window, scaling, grouped), None
@@ -237,31 +259,31 @@ def packed_attention(
             pooled_keys,
             pooled_values,
             step.kernel_rows,
+            step.kernel_tables,
             scaling if scaling is not None else query.shape[-1] ** -0.5,
             attended,
         )
     for grid in step.grids:
         on_grid = queries if grid.tokens is None else queries[grid.tokens]  # [Tg, H, D]
-        grid_queries = queries.new_zeros((grid.hi - grid.lo, grid.mask.shape[2]) + queries.shape[1:])  # [S, n, H, D]
-        grid_queries[grid.slot_offsets, grid.query_positions] = on_grid
+        grid_queries = queries.new_zeros((len(grid.rows), grid.mask.shape[2]) + queries.shape[1:])  # [S, n, H, D]
+        grid_queries[grid.grid_rows, grid.query_positions] = on_grid
         grid_out = F.scaled_dot_product_attention(
             grid_queries.transpose(1, 2),
-            pooled_keys[grid.lo : grid.hi, :, : grid.length],
-            pooled_values[grid.lo : grid.hi, :, : grid.length],
+            gather_blocks(pooled_keys, grid.tables, grid.length),
+            gather_blocks(pooled_values, grid.tables, grid.length),
             attn_mask=grid.mask,
             scale=scaling,
             enable_gqa=grouped,
         ).transpose(1, 2)  # [S, n, H, D]
         grid_tokens = slice(None) if grid.tokens is None else grid.tokens
-        attended[grid_tokens] = grid_out[grid.slot_offsets, grid.query_positions]
-    for i, mask in step.single_rows:
+        attended[grid_tokens] = grid_out[grid.grid_rows, grid.query_positions]
+    for i, mask, table in step.single_rows:
         row, begin, end = step.rows[i], step.offsets[i], step.offsets[i + 1]
         length = row.start + row.count
-        slot = slice(row.kv.slot, row.kv.slot + 1)
         attended[begin:end] = F.scaled_dot_product_attention(
             query[:, :, begin:end],
-            pooled_keys[slot, :, :length],
-            pooled_values[slot, :, :length],
+            gather_blocks(pooled_keys, table[None], length),
+            gather_blocks(pooled_values, table[None], length),
             attn_mask=mask,
             scale=scaling,
             enable_gqa=grouped,
@@ -291,15 +313,16 @@ def _windowed_attention(
     masks = step.windowed_masks.get(window)
     if masks is None:
         masks = step.windowed_masks[window] = [
-            _windowed_mask(row, window, query.device, query.dtype) for row in step.rows
+            (*_windowed_mask(row, window, query.device, query.dtype), step.table_of(row, query.device))
+            for row in step.rows
         ]
     attended = query.new_empty(query.shape[2:3] + query.shape[1:2] + query.shape[3:])  # [T, H, D]
-    for i, (row, (first, mask)) in enumerate(zip(step.rows, masks)):
-        slot = slice(row.kv.slot, row.kv.slot + 1)
+    for i, (row, (first, mask, table)) in enumerate(zip(step.rows, masks)):
+        length = row.start + row.count
         attended[step.offsets[i] : step.offsets[i + 1]] = F.scaled_dot_product_attention(
             query[:, :, step.offsets[i] : step.offsets[i + 1]],
-            pooled_keys[slot, :, first : row.start + row.count],
-            pooled_values[slot, :, first : row.start + row.count],
+            gather_blocks(pooled_keys, table[None], length)[:, :, first:],
+            gather_blocks(pooled_values, table[None], length)[:, :, first:],
             attn_mask=mask,
             scale=scaling,
             enable_gqa=grouped,
@@ -338,19 +361,28 @@ def packed_forward(
     """
     pool = rows[0][1].pool
     with pool.lock:
-        step = PackedStep([PackedRow(kv, kv.length, len(ids)) for ids, kv, _ in rows], device, model.dtype, kernel)
-        input_ids = torch.tensor([[t for ids, _, _ in rows for t in ids]], dtype=torch.long, device=device)  # [1, T]
-        keep_at = [end - keep for (_, _, keep), end in zip(rows, step.offsets[1:])]
-        keep_index = torch.cat([torch.arange(at, end) for at, end in zip(keep_at, step.offsets[1:])])  # [K]
-        no_mask = torch.empty((1, 1, 0, 0), dtype=torch.bool, device=device)  # 4D: transformers builds no mask
-        output = model(
-            input_ids=input_ids,
-            position_ids=step.positions.unsqueeze(0),
-            attention_mask=no_mask,
-            use_cache=False,
-            logits_to_keep=keep_index.to(device),
-            packed_step=step,
-        )
+        try:
+            for ids, kv, _ in rows:
+                kv.reserve(kv.length + len(ids))  # already done where the forward was planned (KVSession)
+            step = PackedStep([PackedRow(kv, kv.length, len(ids)) for ids, kv, _ in rows], device, model.dtype, kernel)
+            input_ids = torch.tensor(
+                [[t for ids, _, _ in rows for t in ids]], dtype=torch.long, device=device
+            )  # [1, T]
+            keep_at = [end - keep for (_, _, keep), end in zip(rows, step.offsets[1:])]
+            keep_index = torch.cat([torch.arange(at, end) for at, end in zip(keep_at, step.offsets[1:])])  # [K]
+            no_mask = torch.empty((1, 1, 0, 0), dtype=torch.bool, device=device)  # 4D: transformers builds no mask
+            output = model(
+                input_ids=input_ids,
+                position_ids=step.positions.unsqueeze(0),
+                attention_mask=no_mask,
+                use_cache=False,
+                logits_to_keep=keep_index.to(device),
+                packed_step=step,
+            )
+        except BaseException:  # e.g. out of memory: no row grows; the blocks reserved for the step go back
+            for _, kv, _ in rows:
+                kv.trim()
+            raise
         step.finish()
     logits = output.logits[0].float()  # [K, V]
     return list(torch.split(logits, [keep for _, _, keep in rows]))

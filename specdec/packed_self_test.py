@@ -66,7 +66,8 @@ def _mismatch(got: torch.Tensor, want: torch.Tensor, what: str, dtype: torch.dty
 
 def packed_mismatch(loaded: LoadedModel, ids: Sequence[int], reference: torch.Tensor) -> str | None:
     """How the packed passes of the probe differ from the reference logits [T, V], or None when they agree."""
-    pool = KVPool(loaded.model.config.num_hidden_layers)
+    block_size = loaded.kv_pool.block_size  # the served block size, in a pool of the probe's own
+    pool = KVPool(loaded.model.config.num_hidden_layers, 2 * (PROBE_TOKENS // block_size + 2), block_size)
     sequences = [pool.new_sequence(), pool.new_sequence()]
     try:
         for rollbacks, rows in PROBE_PASSES:

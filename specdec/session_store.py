@@ -35,11 +35,18 @@ class SessionExpirySettings:
 
 class SessionStore(Generic[SessionT]):
     """Open sessions by id; opening past `max_sessions` raises CapacityError. Remembers when a call last touched
-    each session (`get`), for expiring idle ones."""
+    each session (`get`), for expiring idle ones. Closing a session releases its KV cache there and then: a paged
+    cache's blocks must not wait for the garbage collector (an error's traceback may hold the session)."""
 
-    def __init__(self, max_sessions: int, kv_tokens: Callable[[SessionT], int]):
+    def __init__(
+        self,
+        max_sessions: int,
+        kv_tokens: Callable[[SessionT], int],
+        release: Callable[[SessionT], None] | None = None,
+    ):
         self.max_sessions = max_sessions
         self._kv_tokens = kv_tokens
+        self._release = release  # gives a closed session's KV cache back at once (not when it is garbage)
         self._sessions: dict[str, SessionT] = {}
         self._touched: dict[str, float] = {}  # per session the time.monotonic() of the last call on it
 
@@ -73,9 +80,12 @@ class SessionStore(Generic[SessionT]):
         return session
 
     def close(self, session_id: str) -> bool:
-        """Drops a session; False when it was not open."""
+        """Drops a session, releasing its KV cache; False when it was not open."""
         self._touched.pop(session_id, None)
-        return self._sessions.pop(session_id, None) is not None
+        session = self._sessions.pop(session_id, None)
+        if session is not None and self._release is not None:
+            self._release(session)
+        return session is not None
 
     def idle(self, ttl_s: float) -> list[tuple[str, float]]:
         """(session id, seconds since a call last touched it) of the sessions untouched for ttl_s or longer."""

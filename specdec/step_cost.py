@@ -80,8 +80,10 @@ def calibrate(
     """Times passes of each token count on fresh caches (median of `repeats`) and fits the line.
 
     The tokens of a pass are one row (a verify block, a prefill) or, with one_token_rows, that many rows of
-    one token each (a batched draft position). The clock is read after the device has synchronised.
+    one token each (a batched draft position). The clock is read after the device has synchronised. Passes whose
+    caches the model's KV budget cannot hold are left out.
     """
+    token_counts = _fitting_budget(model, token_counts, one_token_rows)
     medians = []
     for count in token_counts:
         shape = [1] * count if one_token_rows else [count]  # tokens per row
@@ -92,7 +94,10 @@ def calibrate(
             model.forward_rows(rows)
             times.append(synchronized_clock_ns(model.device) - started)
         medians.append(statistics.median(times))
-    per_token, fixed = np.polyfit(np.array(token_counts, dtype=float), np.array(medians, dtype=float), 1)
+    if len(token_counts) > 1:
+        per_token, fixed = np.polyfit(np.array(token_counts, dtype=float), np.array(medians, dtype=float), 1)
+    else:  # a budget of a block or two: one point, all of it fixed cost
+        per_token, fixed = 0.0, medians[0]
     cost = StepCost(max(float(fixed), 0.0), max(float(per_token), 0.0))
     log.info(
         "pass cost of %s: %.2f ms + %.3f ms per %s",
@@ -102,3 +107,13 @@ def calibrate(
         "session" if one_token_rows else "token",
     )
     return cost
+
+
+def _fitting_budget(model: LoadedModel, token_counts: Sequence[int], one_token_rows: bool) -> list[int]:
+    """The token counts whose calibration pass the model's free KV blocks hold (a row per token with
+    one_token_rows, else one row); at least the smallest."""
+    if not model.packed:
+        return list(token_counts)
+    pool = model.kv_pool
+    fitting = [c for c in token_counts if (c if one_token_rows else pool.blocks_for(c)) <= pool.blocks.free]
+    return fitting or [min(token_counts)]

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from specdec.errors import InvalidFieldError
+from specdec.kv_pool import KVPool
 from specdec.sampling import SamplingParams, SamplingRule
 from specdec.v1 import common_pb2, verifier_pb2
 
@@ -104,3 +105,17 @@ def follows_at_once(hint: verifier_pb2.NextCallHint, num_accepted: int, next_tok
         and (not guess.HasField("next_token_id") or guess.next_token_id == next_token)
         for guess in hint.after_verdicts
     )
+
+
+def kv_block_info(pool: KVPool | None) -> dict[str, int]:
+    """ServiceInfo's KV block fields of a model's paged pool (all 0 for none: a model-free drafter, an unpaged
+    model)."""
+    if pool is None:
+        return {}
+    blocks = pool.blocks
+    return {
+        "kv_block_size": pool.block_size,
+        "kv_blocks_used": blocks.used,
+        "kv_blocks_free": blocks.free,
+        "kv_blocks_shared": blocks.shared,
+    }

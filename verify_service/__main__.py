@@ -31,13 +31,11 @@ async def serve(settings: VerifySettings) -> None:
         ranks = TensorParallelLeader.start(settings, make_launcher(settings))
         model = ranks.model
     else:
-        model = LoadedModel.load(
-            ModelSettings(settings.model, settings.device, settings.dtype, settings.threads, settings.attention_kernel)
-        )
+        model = LoadedModel.load(ModelSettings.of(settings))
     servicer = VerifierServicer(
         VerifyService(settings, model, ranks, observe_verify_pass), settings.tensor_parallel_size, observe_batch
     )
-    start_telemetry("verify", settings, servicer.service.sessions)
+    start_telemetry("verify", settings, servicer.service.sessions, model.kv_pool.blocks if model.packed else None)
     expiry = asyncio.ensure_future(servicer.expire_idle_sessions())
     try:
         running = await start_server(

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.errors import InvalidFieldError
-from specdec.kv_session import KVSession
+from specdec.errors import InvalidFieldError, KVCacheFullError
+from specdec.kv_session import KVSession, PlannedForward
 from specdec.model_runtime import LoadedModel
 from specdec.sampling import SamplingParams, Verdict
 from specdec.session_store import SessionStore
@@ -63,7 +63,9 @@ class VerifyService:
         self.model = model
         self.ranks = ranks
         self.on_pass = on_pass
-        self.sessions: SessionStore[TargetSession] = SessionStore(settings.max_sessions, lambda s: s.kv.cached_len)
+        self.sessions: SessionStore[TargetSession] = SessionStore(
+            settings.max_sessions, lambda s: s.kv.cached_len, lambda s: s.kv.truncate(0)
+        )
         self.sessions_model = model if ranks is None else ranks.mirrored  # the model every session runs on
         self.step_cost = calibrate(self.sessions_model)  # what a pass costs, for the policy
 
@@ -143,14 +145,22 @@ class VerifyService:
         """Opens `opens` and runs `rounds` in one packed pass: (per open the step's time in ns or its error,
         per round (verdict, timing, new length) or its error)."""
         open_results: list[int | Exception | None] = [None] * len(opens)
-        opened: list[tuple[int, KVSession]] = []
+        opened: list[int] = []
+        prefills: list[PlannedForward] = []
         for index, (session_id, prompt_ids, params) in enumerate(opens):
             try:
                 self.sessions.reserve(session_id)
                 kv = KVSession(self.sessions_model, prompt_ids)
                 self.sessions.add(session_id, TargetSession(kv, params))
-                opened.append((index, kv))
             except Exception as error:  # noqa: BLE001 - that open fails alone
+                open_results[index] = error
+                continue
+            try:
+                if (plan := kv.plan_prefill()) is not None:  # holds the prompt's KV blocks, or KVCacheFullError
+                    prefills.append(plan)
+                opened.append(index)
+            except Exception as error:  # noqa: BLE001
+                self.close(session_id)
                 open_results[index] = error
         round_results: list[tuple[Verdict, VerifyTiming, int] | Exception | None] = [None] * len(rounds)
         jobs: list[tuple[int, VerifyJob]] = []
@@ -165,20 +175,18 @@ class VerifyService:
                 round_results[index] = error
         started = time.perf_counter_ns()
         try:
-            outcomes = verify_rounds(
-                [job for _, job in jobs],
-                [plan for _, kv in opened if (plan := kv.plan_prefill()) is not None],
-                self.on_pass,
-            )
+            outcomes = verify_rounds([job for _, job in jobs], prefills, self.on_pass)
         except Exception:
-            for index, _ in opened:
+            for index in opened:
                 self.close(opens[index][0])
             raise
         step_ns = time.perf_counter_ns() - started
-        for index, _ in opened:
+        for index in opened:
             open_results[index] = step_ns
         for (index, job), outcome in zip(jobs, outcomes):
             round_results[index] = outcome if isinstance(outcome, Exception) else (*outcome, len(job.session))
+            if isinstance(outcome, KVCacheFullError):  # a session that cannot grow is ended (its caller is told)
+                self.close(job.session_id)
         return open_results, round_results
 
     def close(self, session_id: str) -> bool:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from contextlib import nullcontext
 
 from specdec.errors import DownstreamUnavailableError, InvalidFieldError
+from specdec.kv_admission import KVAdmission
 from specdec.session_store import expire_idle_sessions
 from specdec.step_batcher import StepBatcher
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
-from specdec.wire import check_token_ids, follows_at_once, probs_from_proto, session_sampling_from_proto
+from specdec.wire import check_token_ids, follows_at_once, kv_block_info, probs_from_proto, session_sampling_from_proto
 from verify_service.service import OPEN, VERIFY, GuessedRound, VerifyService
 
 
@@ -55,6 +57,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             service.settings.max_batch_wait_ms / 1000,
         )
         self._ranks_failed = asyncio.Event()
+        model = service.model
+        wait_s = service.settings.kv_admission_wait_ms / 1000
+        self._admission = KVAdmission(model.kv_pool, wait_s) if model.packed else None
 
     def ranks_failed(self) -> None:
         """The tensor-parallel group failed: wake the calls waiting on it."""
@@ -103,7 +108,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     ) -> verifier_pb2.OpenVerifySessionResponse:
         prompt = check_token_ids(request.prompt_token_ids, self.service.model.vocab_size, "prompt_token_ids")
         params = session_sampling_from_proto(request.sampling, request.sampling_rule)
-        prefill_ns = await self._run("step", request.session_id, OPEN, prompt, params)
+        admission = self._admission
+        async with nullcontext() if admission is None else admission.admitted(admission.blocks_needed(len(prompt))):
+            prefill_ns = await self._run("step", request.session_id, OPEN, prompt, params)
         return verifier_pb2.OpenVerifySessionResponse(session_len=len(prompt), prefill_ns=prefill_ns)
 
     async def Verify(self, request: verifier_pb2.VerifyRequest, context) -> verifier_pb2.VerifyResponse:
@@ -155,4 +162,5 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             tensor_parallel_size=self.tensor_parallel_size,
             step_cost_fixed_ns=service.step_cost.fixed_ns,
             step_cost_per_token_ns=service.step_cost.per_token_ns,
+            **kv_block_info(model.kv_pool if model.packed else None),
         )

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from specdec.cpu_affinity import CpuAffinitySettings
 from specdec.embedded_pair import DEMO_TARGET_DIR
+from specdec.kv_admission import KVCacheSettings
 from specdec.session_store import SessionExpirySettings
 from specdec.settings import setting
 from specdec.step_batcher import StepBatchingSettings
@@ -16,7 +17,9 @@ RAY_PLACEMENT_STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
 
 
 @dataclass(frozen=True)
-class VerifySettings(ServerTlsSettings, StepBatchingSettings, SessionExpirySettings, CpuAffinitySettings):
+class VerifySettings(
+    ServerTlsSettings, StepBatchingSettings, SessionExpirySettings, CpuAffinitySettings, KVCacheSettings
+):
     """Everything the verify service reads at start-up (tls_*: TLS, or mutual TLS with tls_client_ca, on its port)."""
 
     address: str = setting("[::]:50062", "host:port to serve gRPC on (port 0 picks a free port)")

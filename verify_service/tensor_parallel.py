@@ -101,9 +101,7 @@ class TensorParallelLeader:
     def start(cls, settings: VerifySettings, launcher: RankLauncher) -> TensorParallelLeader:
         """Starts ranks 1..N-1, joins them as rank 0, loads the shard; returns once every rank is ready."""
         world_size = settings.tensor_parallel_size
-        model_settings = ModelSettings(
-            settings.model, settings.device, settings.dtype, settings.threads, settings.attention_kernel
-        )
+        model_settings = ModelSettings.of(settings)  # every rank's pool has rank 0's budget and block size
         if not settings.device.startswith("cuda") and torch.cuda.is_available():
             raise ValueError(
                 "tensor parallelism places shards on the accelerator transformers finds: use --device "

@@ -1,5 +1,6 @@
-// Causal attention of a packed step's short rows on CPU, each row against its own slot of a KV pool, all rows
-// and heads in one call (specdec/ragged_attention.py loads it; specdec/packed_forward.py calls it).
+// Causal attention of a packed step's short rows on CPU, each row against its own blocks of a paged KV pool
+// (read through its block table), all rows and heads in one call (specdec/ragged_attention.py loads it;
+// specdec/packed_forward.py calls it).
 //
 // A verify block or a draft step feeds a row 1-16 queries against ~50-1000 cached positions. SDPA's CPU kernel
 // tiles for long query blocks and costs one call per row; here a (row, head) task computes its scores with the
@@ -81,25 +82,32 @@ void softmax_in_place(float* s, int64_t seen) {
 }  // namespace
 
 // query  [H, T, D]      float32, last dim contiguous (any other strides)
-// keys   [S, Hkv, C, D] float32, contiguous: one layer of the pool; values alike; H a multiple of Hkv
-// rows   [R, 4] int64   (slot, start, count, offset): query tokens offset..offset+count-1 are positions
-//                       start..start+count-1 of that slot, and token i sees positions 0..start+i
+// keys   [Hkv, N, B, D] float32, contiguous: one layer of the pool, N blocks of B positions per head; values
+//                       alike; H a multiple of Hkv
+// rows   [R, 4] int64   (table, start, count, offset): query tokens offset..offset+count-1 are positions
+//                       start..start+count-1 of a sequence whose blocks are tables[table], tables[table + 1], ...
+//                       (position l in block tables[table + l / B] at l % B), and token i sees positions 0..start+i
+// tables [M] int64      the rows' block tables, one after another
 // out    [T, H, D]      float32, contiguous: the rows' tokens are written, other tokens left as they are
 void ragged_attention(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
-                      const at::Tensor& rows, double scale, at::Tensor& out) {
+                      const at::Tensor& rows, const at::Tensor& tables, double scale, at::Tensor& out) {
   TORCH_CHECK(query.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat &&
               values.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat, "float32 tensors only");
   TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1, "query must be [H, T, D] with D contiguous");
   TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && out.is_contiguous(), "contiguous keys/values/out");
   TORCH_CHECK(rows.scalar_type() == at::kLong && rows.is_contiguous() && rows.dim() == 2 && rows.size(1) == 4,
               "rows must be int64 [R, 4]");
-  const int64_t H = query.size(0), D = query.size(2), Hkv = keys.size(1), C = keys.size(2);
+  TORCH_CHECK(tables.scalar_type() == at::kLong && tables.is_contiguous() && tables.dim() == 1,
+              "tables must be int64 [M]");
+  const int64_t H = query.size(0), D = query.size(2), Hkv = keys.size(0), N = keys.size(1), B = keys.size(2);
   TORCH_CHECK(keys.size(3) == D && H % Hkv == 0 && D % (2 * Vec::size()) == 0, "unsupported head layout");
   const int64_t R = rows.size(0), group = H / Hkv, q_h = query.stride(0), q_t = query.stride(1);
+  const int64_t block_stride = B * D;  // floats from one block to the next
   const float* q_ptr = query.data_ptr<float>();
   const float* k_ptr = keys.data_ptr<float>();
   const float* v_ptr = values.data_ptr<float>();
   const int64_t* row_ptr = rows.data_ptr<int64_t>();
+  const int64_t* table_ptr = tables.data_ptr<int64_t>();
   float* o_ptr = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
   const int64_t V = Vec::size();
@@ -107,15 +115,20 @@ void ragged_attention(const at::Tensor& query, const at::Tensor& keys, const at:
     std::vector<float> probs;  // [count rounded up to 4, start + count]: zero where a query sees nothing
     for (int64_t task = begin; task < end; ++task) {
       const int64_t r = task / H, h = task % H;
-      const int64_t slot = row_ptr[4 * r], start = row_ptr[4 * r + 1], n = row_ptr[4 * r + 2];
+      const int64_t* table = table_ptr + row_ptr[4 * r];
+      const int64_t start = row_ptr[4 * r + 1], n = row_ptr[4 * r + 2];
       const int64_t offset = row_ptr[4 * r + 3], L = start + n;
-      const float* K = k_ptr + (slot * Hkv + h / group) * C * D;
-      const float* Vals = v_ptr + (slot * Hkv + h / group) * C * D;
+      const int64_t head_at = (h / group) * N * B * D;  // the head's [N, B, D]
       probs.assign((n + 3) / 4 * 4 * L, 0.f);
       for (int64_t i = 0; i < n; ++i) {
         float* p = probs.data() + i * L;
-        scores_of(q_ptr + h * q_h + (offset + i) * q_t, K, start + i + 1, D, fscale, p);
-        softmax_in_place(p, start + i + 1);
+        const float* q = q_ptr + h * q_h + (offset + i) * q_t;
+        const int64_t seen = start + i + 1;
+        for (int64_t at = 0; at < seen; at += B) {  // block by block: B positions contiguous in each
+          const float* K = k_ptr + table[at / B] * block_stride + head_at;
+          scores_of(q, K, std::min(B, seen - at), D, fscale, p + at);
+        }
+        softmax_in_place(p, seen);
       }
       for (int64_t i0 = 0; i0 < n; i0 += 4) {  // four queries, two vectors of D at a time
         const int64_t last = std::min<int64_t>(L, start + i0 + 4);  // positions the group's last query sees
@@ -123,12 +136,16 @@ void ragged_attention(const at::Tensor& query, const at::Tensor& keys, const at:
         for (int64_t d = 0; d < D; d += 2 * V) {
           Vec acc[4][2];
           for (int b = 0; b < 4; ++b) acc[b][0] = acc[b][1] = Vec(0.f);
-          for (int64_t l = 0; l < last; ++l) {
-            const Vec v0 = Vec::loadu(Vals + l * D + d), v1 = Vec::loadu(Vals + l * D + d + V);
-            for (int b = 0; b < 4; ++b) {
-              const Vec w(p[b * L + l]);
-              acc[b][0] = at::vec::fmadd(w, v0, acc[b][0]);
-              acc[b][1] = at::vec::fmadd(w, v1, acc[b][1]);
+          for (int64_t at = 0; at < last; at += B) {
+            const float* Vals = v_ptr + table[at / B] * block_stride + head_at + d;  // position at, dims d..
+            const int64_t in_block = std::min(last - at, B);
+            for (int64_t l = 0; l < in_block; ++l) {
+              const Vec v0 = Vec::loadu(Vals + l * D), v1 = Vec::loadu(Vals + l * D + V);
+              for (int b = 0; b < 4; ++b) {
+                const Vec w(p[b * L + at + l]);
+                acc[b][0] = at::vec::fmadd(w, v0, acc[b][0]);
+                acc[b][1] = at::vec::fmadd(w, v1, acc[b][1]);
+              }
             }
           }
           for (int b = 0; b < 4 && i0 + b < n; ++b) {
@@ -143,5 +160,5 @@ void ragged_attention(const at::Tensor& query, const at::Tensor& keys, const at:
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("ragged_attention", &ragged_attention, "causal attention of short packed rows against a KV pool");
+  m.def("ragged_attention", &ragged_attention, "causal attention of short packed rows against a paged KV pool");
 }

@@ -1,9 +1,10 @@
 """Prometheus metrics (prefix `specdec_`), grouped by who records them, and the /metrics endpoint.
 
 Every service: `RpcMetrics` (recorded by the server interceptor) and, on the draft and verify services,
-`session_gauges`; on the verify service `VerifyPassMetrics`: each scoring pass's time, with or without a
-prefill in it (specdec_verify_pass_duration_seconds{prefill="with"|"without"}), and the prompt tokens it
-prefilled and the tokens it scored (specdec_verify_pass_tokens_total{kind="prefill"|"scored"}).
+`session_gauges` and `kv_block_gauges` (specdec_kv_blocks{state="used"|"free"|"shared"}); on the verify service
+`VerifyPassMetrics`: each scoring pass's time, with or without a prefill in it
+(specdec_verify_pass_duration_seconds{prefill="with"|"without"}), and the prompt tokens it prefilled and the
+tokens it scored (specdec_verify_pass_tokens_total{kind="prefill"|"scored"}).
 The coordinator: `SpeculationMetrics`, fed from the same numbers as the per-request GenerationStats, so
 summing the responses' stats gives the counters:
 
@@ -31,6 +32,8 @@ import logging
 from collections.abc import Callable
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from specdec.kv_blocks import BlockAllocator
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +183,15 @@ def session_gauges(
     Gauge(
         PREFIX + "kv_cache_tokens", "Tokens held in KV caches over all open sessions", registry=registry
     ).set_function(kv_cache_tokens)
+
+
+def kv_block_gauges(blocks: BlockAllocator, registry: CollectorRegistry = REGISTRY) -> None:
+    """Gauges read at scrape time: the paged KV cache's blocks held by sessions, free, and shared between
+    sequences (specdec/kv_blocks.py)."""
+    gauge = Gauge(PREFIX + "kv_blocks", "KV cache blocks by state: used, free, shared", ["state"], registry=registry)
+    gauge.labels("used").set_function(lambda: blocks.used)
+    gauge.labels("free").set_function(lambda: blocks.free)
+    gauge.labels("shared").set_function(lambda: blocks.shared)
 
 
 @functools.cache

@@ -64,7 +64,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServiceInfo(_message.Message):
-    __slots__ = ("model_id", "vocab_size", "tokenizer_sha256", "device", "dtype", "active_sessions", "kv_cache_tokens", "max_sessions", "max_context_tokens", "tensor_parallel_size", "draft_methods", "step_cost_fixed_ns", "step_cost_per_token_ns")
+    __slots__ = ("model_id", "vocab_size", "tokenizer_sha256", "device", "dtype", "active_sessions", "kv_cache_tokens", "max_sessions", "max_context_tokens", "tensor_parallel_size", "draft_methods", "step_cost_fixed_ns", "step_cost_per_token_ns", "kv_block_size", "kv_blocks_used", "kv_blocks_free", "kv_blocks_shared")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,10 @@ class ServiceInfo(_message.Message):
     DRAFT_METHODS_FIELD_NUMBER: _ClassVar[int]
     STEP_COST_FIXED_NS_FIELD_NUMBER: _ClassVar[int]
     STEP_COST_PER_TOKEN_NS_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCKS_USED_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCKS_FREE_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCKS_SHARED_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     vocab_size: int
     tokenizer_sha256: str
@@ -91,4 +95,8 @@ class ServiceInfo(_message.Message):
     draft_methods: _containers.RepeatedScalarFieldContainer[DraftMethod]
     step_cost_fixed_ns: float
     step_cost_per_token_ns: float
-    def __init__(self, model_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_sha256: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., active_sessions: _Optional[int] = ..., kv_cache_tokens: _Optional[int] = ..., max_sessions: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., draft_methods: _Optional[_Iterable[_Union[DraftMethod, str]]] = ..., step_cost_fixed_ns: _Optional[float] = ..., step_cost_per_token_ns: _Optional[float] = ...) -> None: ...
+    kv_block_size: int
+    kv_blocks_used: int
+    kv_blocks_free: int
+    kv_blocks_shared: int
+    def __init__(self, model_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_sha256: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., active_sessions: _Optional[int] = ..., kv_cache_tokens: _Optional[int] = ..., max_sessions: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., draft_methods: _Optional[_Iterable[_Union[DraftMethod, str]]] = ..., step_cost_fixed_ns: _Optional[float] = ..., step_cost_per_token_ns: _Optional[float] = ..., kv_block_size: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., kv_blocks_shared: _Optional[int] = ...) -> None: ...

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import copy
+import gc
 import random
 
 import pytest
 import torch
 from transformers import Gemma2Config, LlamaConfig, MistralConfig
 
-from specdec.kv_pool import KVPool
+from specdec.errors import KVCacheFullError
+from specdec.kv_budget import block_bytes
 from specdec.kv_session import KVSession, run_forwards
 from specdec.model_runtime import LoadedModel, ModelSettings
 from specdec.packed_forward import GRID_CALL_POSITIONS, GRID_MAX_TOKENS, PackedRow, PackedStep, packed_forward_refusal
@@ -58,21 +59,24 @@ def test_rollback_then_packed_extend_matches_a_fresh_sequence(packed_target):
 
 
 def test_rows_share_a_grid_only_where_it_reads_less_than_a_call_and_match_one_sequence_at_a_time(tiny_pair_dirs):
-    """A step on some of many sessions, packed out of slot order: rows of like lengths in nearby slots share a
-    grid, far ones and ones much longer than their neighbour attend apart, a prefill attends alone; every row
-    still gets exactly its own logits."""
-    # its own pool (sessions take slots 0, 1, ...), short rows through SDPA on grids
-    target = LoadedModel.load(ModelSettings(str(tiny_pair_dirs[0]), attention_kernel=False))
+    """A step on some of many sessions, packed in any order: rows of like lengths share a grid, a row much longer
+    than the grid before it attends apart, a prefill attends alone; every row still gets exactly its own logits,
+    read through block tables that a fork shares in part."""
+    # short rows through SDPA on grids; blocks of 4 positions, so that rows span many scattered blocks
+    target = LoadedModel.load(ModelSettings(str(tiny_pair_dirs[0]), attention_kernel=False, kv_block_size=4))
     rng = random.Random(11)
-    lengths = [20] * 13 + [20 + 2 * GRID_CALL_POSITIONS]  # slot 13 holds far more than slot 12
+    lengths = [20, 21, 23, 40, 41, 20 + 2 * GRID_CALL_POSITIONS]
     sessions = [KVSession(target, [rng.randrange(1, 64) for _ in range(length)]) for length in lengths]
     run_forwards([s.plan_prefill() for s in sessions])
-    in_step = [12, 0, 7, 1, 3, 13, 8]  # slots 0-1-3 (one idle between), 7-8, 12 and 13; packed in this order
+    sessions.append(sessions[1].fork())  # a lane sharing session 1's blocks: its first write copies the last one
+    in_step = [5, 3, 0, 6, 2, 4, 1]  # packed in this order
+    for i in in_step:
+        sessions[i].cache.reserve(sessions[i].cached_len + 2)
     step = PackedStep(
         [PackedRow(sessions[i].cache, sessions[i].cached_len, 2) for i in in_step], torch.device("cpu"), torch.float32
     )
-    assert [[step.rows[i].kv.slot for i in grid.rows] for grid in step.grids] == [[0, 1, 3], [7, 8]]
-    assert sorted(step.rows[i].kv.slot for i, _ in step.single_rows) == [12, 13]
+    assert [[in_step[i] for i in grid.rows] for grid in step.grids] == [[0, 6, 1, 2], [3, 4]]
+    assert [in_step[i] for i, _, _ in step.single_rows] == [5]
     blocks = {i: [rng.randrange(1, 64) for _ in range(rng.randint(0, 5))] for i in in_step}
     newcomer = KVSession(target, [rng.randrange(1, 64) for _ in range(GRID_MAX_TOKENS + 9)])  # a prefill row
     plans = [sessions[i].plan_extend(blocks[i]) for i in in_step] + [newcomer.plan_prefill()]
@@ -85,38 +89,75 @@ def test_rows_share_a_grid_only_where_it_reads_less_than_a_call_and_match_one_se
     torch.testing.assert_close(next_logits, reference_logits(target, newcomer.tokens)[-1:], atol=1e-4, rtol=0)
 
 
-def test_pool_grows_past_its_first_capacity_and_slots_and_keeps_contents():
-    pool = KVPool(num_layers=1)
-    sequences = [pool.new_sequence() for _ in range(9)]  # past the first slot count
-    assert [kv.slot for kv in sequences] == list(range(9))
-    written = torch.randn(9, 100, 2, 4)  # [sequence, position, H_kv, D]
-    for start in range(0, 100, 10):  # past the first capacity, ten positions of every sequence at a time
-        slots = torch.arange(9).repeat_interleave(10)
-        positions = torch.arange(start, start + 10).repeat(9)
-        block = written[:, start : start + 10].reshape(90, 2, 4)
-        pool.reserve(start + 10)
-        keys, values = pool.write(0, slots, positions, block, -block)
-    assert keys.shape[0] >= 9 and keys.shape[2] >= 100
-    torch.testing.assert_close(keys[:9, :, :100], written.transpose(1, 2))
-    torch.testing.assert_close(values[:9, :, :100], -written.transpose(1, 2))
-    kv = sequences[4]
-    kv.length = 100
-    kv.crop(-30)
-    assert kv.get_seq_length() == 70
-    with pytest.raises(ValueError, match="negative"):
-        kv.crop(3)
+@pytest.mark.parametrize("attention_kernel", [True, False], ids=["kernel", "sdpa"])
+def test_forked_lanes_share_prefix_blocks_and_diverge_exactly(tiny_pair_dirs, attention_kernel):
+    """Lanes forked from a prefilled session hold no blocks of their own until they write; each then copies only
+    the block it writes into, and every lane's logits stay those of its own sequence."""
+    target = LoadedModel.load(ModelSettings(str(tiny_pair_dirs[0]), attention_kernel=attention_kernel, kv_block_size=8))
+    pool = target.kv_pool
+    rng = random.Random(4)
+    first = KVSession(target, [rng.randrange(1, 64) for _ in range(45)])
+    first.prefill()  # 44 positions: 5 full blocks and one of 4
+    lanes = [first] + [first.fork() for _ in range(4)]
+    assert (pool.blocks.used, pool.blocks.shared) == (6, 6)
+    results = run_forwards([lane.plan_extend([rng.randrange(1, 64) for _ in range(3)]) for lane in lanes])
+    # each lane but the last writer copied the shared half-full block; the full ones stay shared
+    assert (pool.blocks.used, pool.blocks.shared) == (6 + 4, 5)
+    for lane, logits in zip(lanes, results):
+        torch.testing.assert_close(logits, reference_logits(target, lane.tokens)[-4:], atol=1e-4, rtol=0)
+    del lanes[1:], lane
+    gc.collect()
+    assert (pool.blocks.used, pool.blocks.shared) == (6, 0)
 
 
-def test_forks_get_their_own_slot_and_dropped_sequences_give_theirs_back():
-    pool = KVPool(num_layers=1)
-    first, second = pool.new_sequence(), pool.new_sequence()
-    pool.write(0, torch.tensor([0, 0, 1]), torch.tensor([0, 1, 0]), torch.ones(3, 2, 4), torch.ones(3, 2, 4))
-    first.length = 2
-    twin = copy.deepcopy(first)
-    assert twin.slot == 2 and twin.get_seq_length() == 2
-    torch.testing.assert_close(pool.keys[0][2, :, :2], pool.keys[0][0, :, :2])
-    del second
-    assert pool.new_sequence().slot == 1, "the lowest free slot is reused"
+def test_rollback_frees_whole_blocks_past_the_new_length(tiny_pair_dirs):
+    target = LoadedModel.load(ModelSettings(str(tiny_pair_dirs[0]), kv_block_size=4))
+    session = KVSession(target, list(range(1, 20)))
+    session.prefill()  # 18 positions: 5 blocks
+    assert target.kv_pool.blocks.used == 5
+    session.truncate(9)  # 9 positions: 3 blocks
+    assert (session.cached_len, len(session.cache.table), target.kv_pool.blocks.used) == (9, 3, 3)
+    torch.testing.assert_close(session.extend([5]), reference_logits(target, session.tokens)[-2:], atol=1e-4, rtol=0)
+
+
+def test_a_session_that_cannot_grow_is_refused_alone_and_holds_nothing_new(tiny_pair_dirs):
+    """A budget of 4 blocks of 4 positions: a session asking for more gets KVCacheFullError at planning, saying
+    what it asked and what is free, and the others still run."""
+    target_dir = str(tiny_pair_dirs[0])
+    probe = LoadedModel.load(ModelSettings(target_dir))
+    budget = 4 * block_bytes(probe.model.config, torch.float32, 4)
+    target = LoadedModel.load(ModelSettings(target_dir, kv_cache_budget=budget, kv_block_size=4))
+    assert target.kv_pool.blocks.num_blocks == 4
+    small, large = KVSession(target, [3] * 6), KVSession(target, [5] * 9)
+    small.prefill()  # 2 blocks
+    with pytest.raises(KVCacheFullError, match=r"asked for 3 blocks \(12 positions\), 2 of 4 free"):
+        large.plan_extend([6])  # 10 positions: 3 blocks
+    assert target.kv_pool.blocks.free == 2 and len(large) == 9
+    torch.testing.assert_close(small.extend([7]), reference_logits(target, small.tokens)[-2:], atol=1e-4, rtol=0)
+
+
+def test_an_out_of_memory_error_mid_pass_grows_nothing_and_the_next_pass_serves(tiny_pair_dirs):
+    """torch.OutOfMemoryError raised inside the forward (by a hook on a layer): the pass fails, no row grows, the
+    blocks reserved for it go back, and the same rows then run exactly."""
+    target = LoadedModel.load(ModelSettings(str(tiny_pair_dirs[0]), kv_block_size=4))
+    sessions = [KVSession(target, [2 + i] * (5 + 3 * i)) for i in range(3)]
+    run_forwards([s.plan_prefill() for s in sessions])
+    held = target.kv_pool.blocks.used
+
+    def out_of_memory(module, args):
+        raise torch.OutOfMemoryError("injected: out of memory in layer 1")
+
+    hook = target.model.model.layers[1].register_forward_pre_hook(out_of_memory)
+    plans = [s.plan_extend([9] * 4) for s in sessions]
+    with pytest.raises(torch.OutOfMemoryError):
+        run_forwards(plans)
+    hook.remove()
+    assert target.kv_pool.blocks.used == held
+    for session in sessions:
+        session.truncate(len(session) - 4)
+    results = run_forwards([s.plan_extend([9] * 4) for s in sessions])
+    for session, logits in zip(sessions, results):
+        torch.testing.assert_close(logits, reference_logits(target, session.tokens)[-5:], atol=1e-4, rtol=0)
 
 
 def test_the_config_check_refuses_soft_capping_and_unknown_layer_kinds_with_the_reason():
