@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.attention_backends import AttentionBackendChoice
 from specdec.embedded_pair import DEMO_TARGET_DIR
 from specdec.kv_session import KVSession, run_forwards
 from specdec.model_runtime import LoadedModel, ModelSettings
@@ -226,11 +227,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=15, help="timed rounds over every point [15]")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the verify service's --threads) [1]")
     parser.add_argument(
-        "--attention-kernel",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="short rows attend in the compiled CPU kernel, as the services do by default "
-        "(--no-attention-kernel: SDPA) [on]",
+        "--attention-backend",
+        type=AttentionBackendChoice,
+        default=AttentionBackendChoice.AUTO,
+        choices=list(AttentionBackendChoice),
+        metavar="{" + ",".join(choice.value for choice in AttentionBackendChoice) + "}",
+        help="how packed passes attend, as the services' --attention-backend (sdpa: without the CPU kernel) [auto]",
     )
     workload = parser.add_argument_group("on/off ceiling of a workload (with --prompt-tokens)")
     workload.add_argument(
@@ -258,7 +260,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.prompt_tokens < 0 or args.new_tokens < 1 or args.tokens_per_round <= 0:
         parser.error("--prompt-tokens must be >= 0, --new-tokens >= 1, --tokens-per-round > 0")
     print(f"loading {args.target} ...", flush=True)
-    model = LoadedModel.load(ModelSettings(args.target, threads=args.threads, attention_kernel=args.attention_kernel))
+    model = LoadedModel.load(ModelSettings(args.target, threads=args.threads, attention_backend=args.attention_backend))
     timings = time_passes(
         model,
         args.contexts,
@@ -281,7 +283,7 @@ def main(argv: list[str] | None = None) -> dict:
         "context_spread": args.context_spread,
         "threads": args.threads,
         "repeats": args.repeats,
-        "attention_kernel": model.attention_kernel is not None,
+        "attention_backend": model.attention_backend.name,
         "device": str(model.device),
         "torch_version": torch.__version__,
         "points": points,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdec.attention_backends import AttentionBackendChoice
 from specdec.cpu_affinity import CpuAffinitySettings
 from specdec.embedded_pair import DEMO_DRAFT_DIR
 from specdec.kv_admission import KVCacheSettings
@@ -25,10 +26,10 @@ class DraftSettings(
     device: str = setting("cpu", "device for the draft model: cpu or cuda:N")
     dtype: str = setting("float32", "weight dtype: float32, bfloat16 or float16")
     threads: int = setting(1, "CPU threads for the model (0 = torch default)")
-    attention_kernel: bool = setting(
-        True,
-        "CPU, float32: a pass's short rows attend in the compiled kernel "
-        "(specdec/ragged_attention.py; built on first start) instead of SDPA",
+    attention_backend: AttentionBackendChoice = setting(
+        AttentionBackendChoice.AUTO,
+        "how packed passes attend: kernel (CPU float32: the compiled kernel, built on first start, for short rows), "
+        "sdpa, flex (FlexAttention, one call per layer), or auto (kernel on CPU float32, flex on CUDA, else sdpa)",
     )
     max_sessions: int = setting(256, "most sessions held at once; more are refused with RESOURCE_EXHAUSTED")
     max_speculative_tokens: int = setting(

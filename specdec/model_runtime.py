@@ -13,12 +13,13 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from specdec.attention_backend import AttentionBackend
+from specdec.attention_backends import AttentionBackendChoice, choose_attention_backend
 from specdec.cpu_lm_head import use_onednn_lm_head
 from specdec.kv_budget import block_bytes, blocks_in_budget
 from specdec.kv_pool import KVPool, SequenceKV
 from specdec.packed_forward import PACKED_ATTENTION, packed_forward
 from specdec.packed_self_test import choose_forward_path
-from specdec.ragged_attention import AttendRows, kernel_fits, load_kernel
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ class ModelSettings:
     device: str = "cpu"  # "cpu" or "cuda:N"
     dtype: str = "float32"  # a key of DTYPES
     threads: int = 0  # intra-op CPU threads; 0 keeps torch's default
-    attention_kernel: bool = True  # CPU, float32: short packed rows attend in the compiled kernel (else SDPA)
+    attention_backend: AttentionBackendChoice = AttentionBackendChoice.AUTO  # how packed passes attend
     kv_cache_budget: float = 0.5  # KV cache bytes, or (at most 1) that share of the device's free memory
     kv_block_size: int = 16  # positions per KV cache block
 
@@ -102,25 +103,27 @@ class LoadedModel:
         self.identity = VocabularyIdentity(settings.model, self.vocab_size, tokenizer_sha256(tokenizer))
         self.eos_token_ids: frozenset[int] = frozenset(_eos_ids(model, tokenizer))
         self.packed = False
-        self.attention_kernel: AttendRows | None = None  # for packed passes' short rows; None: SDPA
+        self.attention_backend: AttentionBackend | None = None  # how packed passes attend; None: not packed
         self.unpacked_reason = choose_forward_path(self)  # None: packed
         if self.unpacked_reason is not None:
             log.warning("%s runs one sequence per pass: %s", settings.model, self.unpacked_reason)
 
     def use_packed_forward(self) -> None:
-        """Many sequences per pass from now on: packed attention, a KVPool, the compiled kernel where it fits."""
+        """Many sequences per pass from now on: packed attention through the settings' backend, a KVPool."""
         model, config = self.model, self.model.config
         model.set_attn_implementation(PACKED_ATTENTION)
         self.kv_pool = self._make_pool()  # every sequence's keys/values on this model
         head_dim = getattr(config, "head_dim", None) or (config.hidden_size // config.num_attention_heads)
-        if self.settings.attention_kernel and kernel_fits(self.device, model.dtype, head_dim):
-            self.attention_kernel = load_kernel()
+        self.attention_backend, why = choose_attention_backend(
+            self.settings.attention_backend, self.device, model.dtype, head_dim
+        )
+        log.info("%s attends through the %s backend (%s)", self.settings.model, self.attention_backend.name, why)
         self.packed = True
 
     def use_cached_forward(self, attention: str) -> None:
         """One sequence per pass from now on, on DynamicCache, with the model's own `attention` implementation."""
         self.model.set_attn_implementation(attention)
-        self.attention_kernel = None
+        self.attention_backend = None
         self.packed = False
 
     def _make_pool(self) -> KVPool:
@@ -188,7 +191,7 @@ class LoadedModel:
         packs, else one pass per row. rows: (token ids, cache, how many last positions need logits); returns
         per row float32 logits [keep, V]."""
         if self.packed:
-            logits = packed_forward(self.model, rows, self.device, self.attention_kernel)
+            logits = packed_forward(self.model, rows, self.device, self.attention_backend)
             return [row_logits[:, : self.vocab_size] for row_logits in logits]
         return forward_each_row(self.forward, rows)
 

@@ -78,7 +78,7 @@ def packed_mismatch(loaded: LoadedModel, ids: Sequence[int], reference: torch.Te
                 loaded.model,
                 [(ids[start:end], kv, end - start) for kv, start, end in runs],
                 loaded.device,
-                loaded.attention_kernel,
+                loaded.attention_backend,
             )
             for (_, start, end), got in zip(runs, logits):
                 reason = _mismatch(

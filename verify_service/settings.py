@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdec.attention_backends import AttentionBackendChoice
 from specdec.cpu_affinity import CpuAffinitySettings
 from specdec.embedded_pair import DEMO_TARGET_DIR
 from specdec.kv_admission import KVCacheSettings
@@ -27,10 +28,10 @@ class VerifySettings(
     device: str = setting("cpu", "device for the target model: cpu or cuda:N (rank r uses cuda:r under TP)")
     dtype: str = setting("float32", "weight dtype: float32, bfloat16 or float16")
     threads: int = setting(1, "CPU threads per rank (0 = torch default)")
-    attention_kernel: bool = setting(
-        True,
-        "CPU, float32: a pass's short rows attend in the compiled kernel "
-        "(specdec/ragged_attention.py; built on first start) instead of SDPA",
+    attention_backend: AttentionBackendChoice = setting(
+        AttentionBackendChoice.AUTO,
+        "how packed passes attend: kernel (CPU float32: the compiled kernel, built on first start, for short rows), "
+        "sdpa, flex (FlexAttention, one call per layer), or auto (kernel on CPU float32, flex on CUDA, else sdpa)",
     )
     max_sessions: int = setting(256, "most sessions held at once; more are refused with RESOURCE_EXHAUSTED")
     max_speculative_tokens: int = setting(16, "largest number of draft tokens one Verify may carry")

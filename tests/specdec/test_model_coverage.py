@@ -10,6 +10,7 @@ import torch
 import transformers
 from tiny_models import word_tokenizer
 
+from specdec.attention_backends import AttentionBackendChoice
 from specdec.kv_session import KVSession
 from specdec.model_runtime import LoadedModel, ModelSettings
 from specdec.sampling import SamplingParams
@@ -119,7 +120,20 @@ def serve_until(sessions: list[KVSession], expected: list[list[int]], prompts, t
 
 def test_each_family_is_served_packed_or_unpacked_with_its_reason_and_matches_generate(family):
     directory, expected_path = family
-    target = LoadedModel.load(ModelSettings(str(directory)))
+    serve_and_compare(LoadedModel.load(ModelSettings(str(directory))), directory, expected_path)
+
+
+@pytest.mark.parametrize("backend", [AttentionBackendChoice.SDPA, AttentionBackendChoice.FLEX], ids=lambda b: b.value)
+def test_each_family_matches_generate_through_the_sdpa_and_flex_backends(family, backend):
+    directory, expected_path = family
+    target = LoadedModel.load(ModelSettings(str(directory), attention_backend=backend))
+    assert not target.packed or target.attention_backend.name == backend.value
+    serve_and_compare(target, directory, expected_path)
+
+
+def serve_and_compare(target: LoadedModel, directory, expected_path: str) -> None:
+    """The target is served packed or not as expected, and its greedy verification rounds, with rollbacks past the
+    window, commit generate()'s tokens."""
     if expected_path == PACKED:
         assert target.packed, target.unpacked_reason
     else:

@@ -9,11 +9,13 @@ import pytest
 import torch
 from transformers import Gemma2Config, LlamaConfig, MistralConfig
 
+from specdec.attention_backends import AttentionBackendChoice
 from specdec.errors import KVCacheFullError
 from specdec.kv_budget import block_bytes
 from specdec.kv_session import KVSession, run_forwards
 from specdec.model_runtime import LoadedModel, ModelSettings
-from specdec.packed_forward import GRID_CALL_POSITIONS, GRID_MAX_TOKENS, PackedRow, PackedStep, packed_forward_refusal
+from specdec.packed_forward import PackedRow, PackedStep, packed_forward_refusal
+from specdec.sdpa_backend import GRID_CALL_POSITIONS, GRID_MAX_TOKENS, SdpaBackend
 
 
 @torch.inference_mode()
@@ -22,11 +24,14 @@ def reference_logits(target, tokens: list[int]) -> torch.Tensor:
     return target.model(input_ids=torch.tensor([tokens])).logits[0].float()
 
 
-@pytest.fixture(params=[True, False], ids=["kernel", "sdpa"])
+BACKENDS = [AttentionBackendChoice.KERNEL, AttentionBackendChoice.SDPA, AttentionBackendChoice.FLEX]
+
+
+@pytest.fixture(params=BACKENDS, ids=lambda choice: choice.value)
 def packed_target(request, tiny_pair_dirs):
-    """The tiny target with its short rows attending in the compiled kernel, or through SDPA."""
-    target = LoadedModel.load(ModelSettings(str(tiny_pair_dirs[0]), attention_kernel=request.param))
-    assert target.packed and (target.attention_kernel is not None) == request.param
+    """The tiny target attending through each backend."""
+    target = LoadedModel.load(ModelSettings(str(tiny_pair_dirs[0]), attention_backend=request.param))
+    assert target.packed and target.attention_backend.name == request.param.value
     return target
 
 
@@ -63,7 +68,9 @@ def test_rows_share_a_grid_only_where_it_reads_less_than_a_call_and_match_one_se
     than the grid before it attends apart, a prefill attends alone; every row still gets exactly its own logits,
     read through block tables that a fork shares in part."""
     # short rows through SDPA on grids; blocks of 4 positions, so that rows span many scattered blocks
-    target = LoadedModel.load(ModelSettings(str(tiny_pair_dirs[0]), attention_kernel=False, kv_block_size=4))
+    target = LoadedModel.load(
+        ModelSettings(str(tiny_pair_dirs[0]), attention_backend=AttentionBackendChoice.SDPA, kv_block_size=4)
+    )
     rng = random.Random(11)
     lengths = [20, 21, 23, 40, 41, 20 + 2 * GRID_CALL_POSITIONS]
     sessions = [KVSession(target, [rng.randrange(1, 64) for _ in range(length)]) for length in lengths]
@@ -73,10 +80,13 @@ def test_rows_share_a_grid_only_where_it_reads_less_than_a_call_and_match_one_se
     for i in in_step:
         sessions[i].cache.reserve(sessions[i].cached_len + 2)
     step = PackedStep(
-        [PackedRow(sessions[i].cache, sessions[i].cached_len, 2) for i in in_step], torch.device("cpu"), torch.float32
+        [PackedRow(sessions[i].cache, sessions[i].cached_len, 2) for i in in_step],
+        torch.device("cpu"),
+        torch.float32,
+        SdpaBackend(),
     )
-    assert [[in_step[i] for i in grid.rows] for grid in step.grids] == [[0, 6, 1, 2], [3, 4]]
-    assert [in_step[i] for i, _, _ in step.single_rows] == [5]
+    assert [[in_step[i] for i in grid.rows] for grid in step.plan.grids] == [[0, 6, 1, 2], [3, 4]]
+    assert [in_step[i] for i, _, _ in step.plan.single_rows] == [5]
     blocks = {i: [rng.randrange(1, 64) for _ in range(rng.randint(0, 5))] for i in in_step}
     newcomer = KVSession(target, [rng.randrange(1, 64) for _ in range(GRID_MAX_TOKENS + 9)])  # a prefill row
     plans = [sessions[i].plan_extend(blocks[i]) for i in in_step] + [newcomer.plan_prefill()]
@@ -89,11 +99,11 @@ def test_rows_share_a_grid_only_where_it_reads_less_than_a_call_and_match_one_se
     torch.testing.assert_close(next_logits, reference_logits(target, newcomer.tokens)[-1:], atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("attention_kernel", [True, False], ids=["kernel", "sdpa"])
-def test_forked_lanes_share_prefix_blocks_and_diverge_exactly(tiny_pair_dirs, attention_kernel):
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda choice: choice.value)
+def test_forked_lanes_share_prefix_blocks_and_diverge_exactly(tiny_pair_dirs, backend):
     """Lanes forked from a prefilled session hold no blocks of their own until they write; each then copies only
     the block it writes into, and every lane's logits stay those of its own sequence."""
-    target = LoadedModel.load(ModelSettings(str(tiny_pair_dirs[0]), attention_kernel=attention_kernel, kv_block_size=8))
+    target = LoadedModel.load(ModelSettings(str(tiny_pair_dirs[0]), attention_backend=backend, kv_block_size=8))
     pool = target.kv_pool
     rng = random.Random(4)
     first = KVSession(target, [rng.randrange(1, 64) for _ in range(45)])
