@@ -10,7 +10,8 @@ from it is made once per step and window and shared by every layer; its sparsity
 
 On CUDA the call is compiled (torch.compile of flex_attention); elsewhere flex_attention runs eagerly, which
 computes every query against the whole pool: exact, and slow for a large pool (a check of exactness on CPU, not a
-CPU serving path).
+CPU serving path: 16 rows of 5 queries over a pool of 4,096 positions, 4 heads of 64, 1 thread, ~40 ms a layer
+against ~0.5 ms in the CPU kernel and ~2.5 ms through SDPA).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class FlexPlan:
                 seen = seen & (position > positions[q] - window)
             return seen
 
-        return create_block_mask(visible, None, None, len(positions), num_blocks * block_size, device=self.device.type)
+        return create_block_mask(visible, None, None, len(positions), num_blocks * block_size, device=self.device)
 
 
 class FlexBackend(AttentionBackend):
