@@ -344,30 +344,33 @@ def test_near_saturation_opens_and_closes_wait_a_bounded_number_of_passes():
     counter.release.set()
     counter.pass_s = 0.002  # each pass takes a moment, so the stream keeps arriving between passes
     opened: list[str] = []
-    batcher = StepBatcher(
-        {"open": lambda calls: [opened.append(args[0]) or 0 for args in calls]},
-        max_batch_size=16,
-        name="test",
-        joining_fns={"step": counter},
-    )
+    served_at: dict[str, int] = {}  # passes run when the batcher's thread served the open / the close
+
+    def open_sessions(calls):
+        served_at["open"] = len(counter.passes)
+        return [opened.append(args[0]) or 0 for args in calls]
+
+    def close_session(session):
+        served_at["close"] = len(counter.passes)
+        opened.append(f"closed {session}")
+
+    batcher = StepBatcher({"open": open_sessions}, max_batch_size=16, name="test", joining_fns={"step": counter})
 
     async def main():
-        stream, waited = [], {}
+        stream = []
         for index in range(stream_length):  # one new call each pass
             seen = len(counter.passes)
             stream.append(batcher.submit("step", f"s{index}", passes_per_call))
             if index == 10:
                 queued_at = len(counter.passes)
-                close = batcher.run(lambda session: opened.append(f"closed {session}"), "s0")
+                close = batcher.run(close_session, "s0")
                 open_ = batcher.submit("open", "new")
-                close.add_done_callback(lambda _: waited.setdefault("close", len(counter.passes) - queued_at))
-                open_.add_done_callback(lambda _: waited.setdefault("open", len(counter.passes) - queued_at))
             for _ in range(1000):
                 if len(counter.passes) > seen:
                     break
                 await asyncio.sleep(0.001)
         await asyncio.gather(*stream, close, open_)
-        return waited
+        return {what: at - queued_at for what, at in served_at.items()}
 
     waited = run(main())
     batcher.close()
