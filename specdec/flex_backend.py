@@ -39,7 +39,7 @@ class FlexPlan:
         )  # [T]
         self.positions = step.positions  # [T]
         self.block_size = step.pool.block_size
-        self.tables = [row.kv.table[: step.pool.blocks_for(row.start + row.count)] for row in step.rows]
+        self.tables = [row.blocks for row in step.rows]
         self.block_masks: dict[tuple[int | None, int], BlockMask] = {}
 
     def block_mask(self, window: int | None, num_blocks: int) -> BlockMask:

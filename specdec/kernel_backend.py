@@ -29,7 +29,7 @@ class KernelPlan(SdpaPlan):
             for i in short:
                 row = step.rows[i]
                 layout.append([len(tables), row.start, row.count, step.offsets[i]])
-                tables.extend(row.kv.table[: step.pool.blocks_for(row.start + row.count)])
+                tables.extend(row.blocks)
             self.kernel_rows, self.kernel_tables = torch.tensor(layout), torch.tensor(tables, dtype=torch.long)
 
 

@@ -36,6 +36,11 @@ class PackedRow:
     start: int  # positions already cached = absolute position of the row's first new token
     count: int  # new tokens of this row in the packed sequence
 
+    @property
+    def blocks(self) -> list[int]:
+        """The ids of the blocks holding the row's positions, its new tokens included."""
+        return self.kv.table[: self.kv.pool.blocks_for(self.start + self.count)]
+
 
 class PackedStep:
     """The rows of one packed forward, in packing order (passed to the attention function as a kwarg). Every row
@@ -59,7 +64,7 @@ class PackedStep:
 
     def table_of(self, row: PackedRow, device: torch.device) -> torch.Tensor:
         """The blocks holding a row's positions [blocks]."""
-        return torch.tensor(row.kv.table[: self.pool.blocks_for(row.start + row.count)], device=device)
+        return torch.tensor(row.blocks, device=device)
 
     @property
     def total_tokens(self) -> int:

@@ -94,7 +94,7 @@ class AttentionGrid:
         starts, tables, tokens, grid_rows, query_positions = [], [], [], [], []
         for grid_row, i in enumerate(on_grid):
             row = rows[i]
-            table = row.kv.table[: pool.blocks_for(row.start + row.count)]
+            table = row.blocks
             starts.append(row.start)
             tables.append(table + table[:1] * (width - len(table)))
             tokens.extend(range(offsets[i], offsets[i] + row.count))
