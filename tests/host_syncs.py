@@ -4,6 +4,10 @@ On a GPU, reading a tensor's value on the host (item, tolist, bool(t), int(t), .
 waits for every queued kernel. On the CPU those reads cost nothing, but they are the same calls: `HostSyncCounter`
 counts them at the torch-function level (what Python code calls) and, for reads that only show up below it, the
 `aten._local_scalar_dense` and device-to-host copies the dispatcher sees.
+
+On the CPU, `.to(device)` of a tensor built on the host and a read back with `.to("cpu")` are the same call, so
+`.to` is not counted there: code that reads back says so with `.cpu()`, `.tolist()` or `.item()`. FlexAttention's
+eager call compiles itself, which no dispatch mode may watch: `below_functions=False` counts calls only.
 """
 
 from __future__ import annotations
@@ -29,19 +33,6 @@ HOST_READS = {
 }
 
 
-def _names_cpu(value: object) -> bool:
-    return isinstance(value, (str, torch.device)) and torch.device(value).type == "cpu"
-
-
-def _is_host_read(func, args, kwargs) -> bool:
-    """A call that hands a tensor's value to the host: a listed read, or `.to` the CPU."""
-    if func in HOST_READS:
-        return True
-    if func is torch.Tensor.to:
-        return any(_names_cpu(a) for a in args[1:]) or _names_cpu(kwargs.get("device"))
-    return False
-
-
 class _FunctionLevel(TorchFunctionMode):
     def __init__(self, counter: HostSyncCounter):
         super().__init__()
@@ -49,7 +40,7 @@ class _FunctionLevel(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.counter.inside_read or not _is_host_read(func, args, kwargs):
+        if self.counter.inside_read or func not in HOST_READS:
             return func(*args, **kwargs)
         self.counter.reads.append(getattr(func, "__name__", str(func)))
         self.counter.inside_read = True
@@ -60,12 +51,16 @@ class _FunctionLevel(TorchFunctionMode):
 
 
 class _DispatchLevel(TorchDispatchMode):
+    supports_higher_order_operators = True  # e.g. flex_attention, whose kernel reads nothing back
+
     def __init__(self, counter: HostSyncCounter):
         super().__init__()
         self.counter = counter
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):  # runs below this mode, unseen
+            return func(*args, **kwargs)
         if not self.counter.inside_read:
             if func is torch.ops.aten._local_scalar_dense.default:
                 self.counter.reads.append("_local_scalar_dense")
@@ -80,10 +75,10 @@ class _DispatchLevel(TorchDispatchMode):
 class HostSyncCounter:
     """`with HostSyncCounter() as syncs: ...`, then `syncs.reads` lists each host read made inside, by name."""
 
-    def __init__(self) -> None:
+    def __init__(self, below_functions: bool = True) -> None:
         self.reads: list[str] = []
         self.inside_read = False
-        self._modes = (_FunctionLevel(self), _DispatchLevel(self))
+        self._modes = (_FunctionLevel(self), _DispatchLevel(self)) if below_functions else (_FunctionLevel(self),)
 
     def __enter__(self) -> HostSyncCounter:
         for mode in self._modes:
