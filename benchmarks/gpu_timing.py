@@ -7,10 +7,10 @@ step; γ+1: a verify block), repeated on the same positions so every sample sees
   the same cache slots again);
 - `hf_cuda_graph_static_cache`: that same forward captured once in a CUDA graph (torch.cuda.graph) and
   replayed: what graphs save a plain HF step, not the project's step;
-- `project_step`: the project's step as its services run it: `KVSession.plan_extend` for every row, one
-  `run_forwards` (a packed `LoadedModel.forward_rows` pass), then the rollback to `context`;
-- `project_step_cuda_graphs`: the project's step in CUDA graphs, once the project has one
-  (`project_graph_step` is where it plugs in);
+- `project_step`: the project's step as its services run it with `--no-cuda-graphs`: `KVSession.plan_extend` for
+  every row, one `run_forwards` (a packed `LoadedModel.forward_rows` pass), then the rollback to `context`;
+- `project_step_cuda_graphs`: the same step replayed from the CUDA graph the runtime captured for its bucket
+  (specdec/cuda_graph_steps.py), as the services run it by default on CUDA;
 - the bandwidth bound: weight bytes / the device's measured copy bandwidth, the least time a step can take.
 
 Imports only torch and transformers at module level; the project's modules load inside `project_step`.
@@ -130,9 +130,10 @@ def load_project_model(model: PreTrainedModel, tokenizer, name: str):
     return LoadedModel(ModelSettings(model=name, device=str(model.device), dtype=dtype_name), model, tokenizer)
 
 
-def project_step(loaded, batch: int, context: int, drafted: int, seed: int = 0) -> Step:
+def project_step(loaded, batch: int, context: int, drafted: int, seed: int = 0, graphs: bool = False) -> Step:
     """The project's step on a LoadedModel: `batch` sessions holding `context` tokens, each feeding its last
-    token plus `drafted` new ones in one packed pass, then rolled back to `context`."""
+    token plus `drafted` new ones in one packed pass, then rolled back to `context`; eager, or (graphs) through
+    the model's captured CUDA graphs."""
     from specdec.kv_session import KVSession, run_forwards
 
     prompts = random_ids(batch, context, loaded.vocab_size, seed).tolist()
@@ -140,8 +141,14 @@ def project_step(loaded, batch: int, context: int, drafted: int, seed: int = 0) 
     run_forwards([s.plan_prefill() for s in sessions])
     new_tokens = random_ids(1, drafted, loaded.vocab_size, seed + 1)[0].tolist()
 
+    captured = loaded.graph_steps
+
     def step() -> list[torch.Tensor]:
-        logits = run_forwards([s.plan_extend(new_tokens) for s in sessions])  # per row [drafted + 1, V]
+        loaded.graph_steps = captured if graphs else None
+        try:
+            logits = run_forwards([s.plan_extend(new_tokens) for s in sessions])  # per row [drafted + 1, V]
+        finally:
+            loaded.graph_steps = captured
         for session in sessions:
             session.truncate(context)
         return logits
@@ -150,6 +157,10 @@ def project_step(loaded, batch: int, context: int, drafted: int, seed: int = 0) 
 
 
 def project_graph_step(loaded, batch: int, context: int, drafted: int) -> Step | str:
-    """The project's step replayed from CUDA graphs, or why there is none: the one place such a step plugs in
-    (return it here instead of the reason once the runtime exposes one)."""
-    return "the project's runtime has no CUDA-graph step yet (LoadedModel.forward_rows runs eagerly)"
+    """The project's step replayed from CUDA graphs, or why there is none (the runtime logged why it captured
+    none: not CUDA, not the flex backend, or the capture failed)."""
+    if loaded.graph_steps is None:
+        return "the runtime captured no CUDA graphs (see its log for why)"
+    if not loaded.graph_steps.serves([([0] * (drafted + 1), None, 1)] * batch):
+        return f"a step of {batch} x {drafted + 1} tokens is larger than the largest captured bucket"
+    return project_step(loaded, batch, context, drafted, graphs=True)

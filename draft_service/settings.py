@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.attention_backends import AttentionBackendChoice
 from specdec.cpu_affinity import CpuAffinitySettings
 from specdec.embedded_pair import DEMO_DRAFT_DIR
+from specdec.execution_settings import ExecutionSettings
 from specdec.kv_admission import KVCacheSettings
 from specdec.session_store import SessionExpirySettings
 from specdec.settings import setting
@@ -16,7 +16,12 @@ from specdec.tls import ServerTlsSettings
 
 @dataclass(frozen=True)
 class DraftSettings(
-    ServerTlsSettings, StepBatchingSettings, SessionExpirySettings, CpuAffinitySettings, KVCacheSettings
+    ServerTlsSettings,
+    StepBatchingSettings,
+    SessionExpirySettings,
+    CpuAffinitySettings,
+    KVCacheSettings,
+    ExecutionSettings,
 ):
     """Everything the draft service reads at start-up (tls_*: TLS, or mutual TLS with tls_client_ca, on its port)."""
 
@@ -26,11 +31,6 @@ class DraftSettings(
     device: str = setting("cpu", "device for the draft model: cpu or cuda:N")
     dtype: str = setting("float32", "weight dtype: float32, bfloat16 or float16")
     threads: int = setting(1, "CPU threads for the model (0 = torch default)")
-    attention_backend: AttentionBackendChoice = setting(
-        AttentionBackendChoice.AUTO,
-        "how packed passes attend: kernel (CPU float32: the compiled kernel, built on first start, for short rows), "
-        "sdpa, flex (FlexAttention, one call per layer), or auto (kernel on CPU float32, flex on CUDA, else sdpa)",
-    )
     max_sessions: int = setting(256, "most sessions held at once; more are refused with RESOURCE_EXHAUSTED")
     max_speculative_tokens: int = setting(
         16,

@@ -12,6 +12,9 @@ the first write into a shared block copies it (copy-on-write; specdec/kv_blocks.
 drafter's lanes cost blocks for what each adds, not for the whole prefix. Rollback (`crop`) frees whole blocks
 past the new length.
 
+Past the allocator's blocks each buffer holds one more, the scratch block, which no table names: the padding
+tokens of a step padded to a fixed size (specdec/bucketed_step.py) write there.
+
 The number of blocks comes from the budget (specdec/kv_budget.py). On CUDA the buffers are allocated whole at the
 first write; elsewhere they double from a few blocks up to the budget as blocks are handed out, so a small model
 on CPU holds memory for what it uses.
@@ -56,6 +59,11 @@ class KVPool:
             self.peak_sequences = max(self.peak_sequences, self.open_sequences)
             return SequenceKV(self)
 
+    @property
+    def scratch_block(self) -> int:
+        """The block past the allocator's in the buffers, where padding tokens write and no sequence reads."""
+        return self.allocated_blocks
+
     def blocks_for(self, positions: int) -> int:
         """Blocks that hold `positions` positions."""
         return -(-positions // self.block_size)
@@ -97,17 +105,17 @@ class KVPool:
         room is zeroed: an attention over a padded block table reads it, masked out, and must see finite values.
         The layer keeps its old buffers until both new ones are allocated."""
         held = self.keys[layer]
-        if held is not None and held.shape[1] == self.allocated_blocks:
+        if held is not None and held.shape[1] == self.allocated_blocks + 1:
             return
-        shape = (like.shape[-2], self.allocated_blocks, self.block_size, like.shape[-1])
+        shape = (like.shape[-2], self.allocated_blocks + 1, self.block_size, like.shape[-1])  # + the scratch block
         keys, values = _grown(held, like.new_zeros(shape)), _grown(self.values[layer], like.new_zeros(shape))
         self.keys[layer], self.values[layer] = keys, values
 
 
 def _grown(held: torch.Tensor | None, room: torch.Tensor) -> torch.Tensor:
-    """room with held's blocks copied into its first blocks."""
+    """room with held's blocks, but the scratch block, copied into its first blocks."""
     if held is not None:
-        room[:, : held.shape[1]] = held
+        room[:, : held.shape[1] - 1] = held[:, :-1]
     return room
 
 

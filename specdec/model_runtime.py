@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 from specdec.attention_backend import AttentionBackend
 from specdec.attention_backends import AttentionBackendChoice, choose_attention_backend
 from specdec.cpu_lm_head import use_onednn_lm_head
+from specdec.cuda_graph_steps import GRAPH_ROW_TOKENS, CudaGraphSteps, cuda_graphs_refusal
 from specdec.kv_budget import block_bytes, blocks_in_budget
 from specdec.kv_pool import KVPool, SequenceKV
 from specdec.packed_forward import PACKED_ATTENTION, packed_forward
@@ -35,6 +36,8 @@ class ModelSettings:
     dtype: str = "float32"  # a key of DTYPES
     threads: int = 0  # intra-op CPU threads; 0 keeps torch's default
     attention_backend: AttentionBackendChoice = AttentionBackendChoice.AUTO  # how packed passes attend
+    cuda_graphs: bool = True  # CUDA, flex, one GPU: decode and verify steps replayed from captured graphs
+    cuda_graph_max_tokens: int = 256  # largest step replayed from a graph
     kv_cache_budget: float = 0.5  # KV cache bytes, or (at most 1) that share of the device's free memory
     kv_block_size: int = 16  # positions per KV cache block
 
@@ -104,6 +107,7 @@ class LoadedModel:
         self.eos_token_ids: frozenset[int] = frozenset(_eos_ids(model, tokenizer))
         self.packed = False
         self.attention_backend: AttentionBackend | None = None  # how packed passes attend; None: not packed
+        self.graph_steps: CudaGraphSteps | None = None  # decode and verify steps from CUDA graphs; None: eager
         self.unpacked_reason = choose_forward_path(self)  # None: packed
         if self.unpacked_reason is not None:
             log.warning("%s runs one sequence per pass: %s", settings.model, self.unpacked_reason)
@@ -119,11 +123,34 @@ class LoadedModel:
         )
         log.info("%s attends through the %s backend (%s)", self.settings.model, self.attention_backend.name, why)
         self.packed = True
+        self.graph_steps = self._captured_steps()
+
+    def _captured_steps(self) -> CudaGraphSteps | None:
+        """Decode and verify steps captured as CUDA graphs where they can be (CUDA, flex, one process), else None;
+        logs the choice."""
+        why_not = cuda_graphs_refusal(self.settings, self.device, self.attention_backend)
+        if why_not is None:
+            steps = CudaGraphSteps(
+                self.model,
+                self.kv_pool,
+                self.attention_backend,
+                self.settings.cuda_graph_max_tokens,
+                GRAPH_ROW_TOKENS,
+                self.max_context_tokens,
+            )
+            try:
+                steps.capture()
+                return steps
+            except Exception as error:  # noqa: BLE001 - serving eagerly is correct, only slower
+                why_not = f"capture failed: {error!r}"
+        log.info("%s runs every step eagerly: %s", self.settings.model, why_not)
+        return None
 
     def use_cached_forward(self, attention: str) -> None:
         """One sequence per pass from now on, on DynamicCache, with the model's own `attention` implementation."""
         self.model.set_attn_implementation(attention)
         self.attention_backend = None
+        self.graph_steps = None
         self.packed = False
 
     def _make_pool(self) -> KVPool:
@@ -190,6 +217,9 @@ class LoadedModel:
         """Runs several sequences' new tokens, each after its own cached prefix: one packed pass when the model
         packs, else one pass per row. rows: (token ids, cache, how many last positions need logits); returns
         per row float32 logits [keep, V]."""
+        if self.graph_steps is not None and self.graph_steps.serves(rows):
+            logits = self.graph_steps.forward(rows)
+            return [row_logits[:, : self.vocab_size] for row_logits in logits]
         if self.packed:
             logits = packed_forward(self.model, rows, self.device, self.attention_backend)
             return [row_logits[:, : self.vocab_size] for row_logits in logits]

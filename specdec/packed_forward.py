@@ -14,7 +14,8 @@ call per layer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from specdec.attention_backend import AttentionBackend
+from specdec.bucketed_step import StaticStep
 from specdec.kv_pool import KVPool, SequenceKV
 
 PACKED_ATTENTION = "specdec_packed"
@@ -54,11 +56,11 @@ class PackedStep:
             self.offsets.append(self.offsets[-1] + row.count)
         block_size = self.pool.block_size
         positions = [p for r in self.rows for p in range(r.start, r.start + r.count)]
-        self.positions = torch.tensor(positions, device=device)  # [T]
+        self.positions = torch.tensor(positions).to(device, non_blocking=True)  # [T]
         written = [
             (r.kv.table[p // block_size], p % block_size) for r in self.rows for p in range(r.start, r.start + r.count)
         ]
-        self.write_at = torch.tensor(written, device=device).T  # [2, T]: each token's block and place in it
+        self.write_at = torch.tensor(written).T.to(device, non_blocking=True)  # [2, T]: each token's block and place
         self.backend = backend
         self.plan = backend.plan(self, device, dtype)  # what every layer's attention shares
 
@@ -84,13 +86,14 @@ def packed_attention(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
-    packed_step: PackedStep | None = None,
+    packed_step: PackedStep | StaticStep | None = None,
     sliding_window: int | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Attention of each packed row against its own cached + new keys; query [1, H, T, D] and key/value
     [1, H_kv, T, D] hold the new tokens of all rows. Returns [1, T, H, D] like transformers' sdpa path.
-    Outside packed_forward (no packed_step) it is transformers' sdpa attention."""
+    The step is a PackedStep, or a bucketed step's StaticStep (specdec/bucketed_step.py). Outside a packed pass (no
+    packed_step) it is transformers' sdpa attention."""
     if packed_step is None:  # a plain transformers call on this model (e.g. generate()): ordinary attention
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
@@ -121,6 +124,21 @@ def packed_forward_refusal(config: PretrainedConfig) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def reserved_rows(rows: Sequence[tuple[Sequence[int], SequenceKV, int]]) -> Iterator[None]:
+    """Holds the pool for one pass over rows (token ids, cache, logits kept), each with blocks for its new tokens;
+    a pass that fails (e.g. out of memory) grows no row and gives the blocks reserved for it back."""
+    with rows[0][1].pool.lock:
+        try:
+            for ids, kv, _ in rows:
+                kv.reserve(kv.length + len(ids))  # already done where the forward was planned (KVSession)
+            yield
+        except BaseException:
+            for _, kv, _ in rows:
+                kv.trim()
+            raise
+
+
 @torch.inference_mode()
 def packed_forward(
     model: torch.nn.Module,
@@ -134,30 +152,20 @@ def packed_forward(
     backend: how each layer attends the rows (specdec/attention_backends.py).
     Returns per row float32 logits [keep, V] for the last `keep` new tokens (no LM head work for the others).
     """
-    pool = rows[0][1].pool
-    with pool.lock:
-        try:
-            for ids, kv, _ in rows:
-                kv.reserve(kv.length + len(ids))  # already done where the forward was planned (KVSession)
-            step = PackedStep([PackedRow(kv, kv.length, len(ids)) for ids, kv, _ in rows], device, model.dtype, backend)
-            input_ids = torch.tensor(
-                [[t for ids, _, _ in rows for t in ids]], dtype=torch.long, device=device
-            )  # [1, T]
-            keep_at = [end - keep for (_, _, keep), end in zip(rows, step.offsets[1:])]
-            keep_index = torch.cat([torch.arange(at, end) for at, end in zip(keep_at, step.offsets[1:])])  # [K]
-            no_mask = torch.empty((1, 1, 0, 0), dtype=torch.bool, device=device)  # 4D: transformers builds no mask
-            output = model(
-                input_ids=input_ids,
-                position_ids=step.positions.unsqueeze(0),
-                attention_mask=no_mask,
-                use_cache=False,
-                logits_to_keep=keep_index.to(device),
-                packed_step=step,
-            )
-        except BaseException:  # e.g. out of memory: no row grows; the blocks reserved for the step go back
-            for _, kv, _ in rows:
-                kv.trim()
-            raise
+    with reserved_rows(rows):
+        step = PackedStep([PackedRow(kv, kv.length, len(ids)) for ids, kv, _ in rows], device, model.dtype, backend)
+        input_ids = torch.tensor([[t for ids, _, _ in rows for t in ids]], dtype=torch.long)  # [1, T]
+        keep_at = [end - keep for (_, _, keep), end in zip(rows, step.offsets[1:])]
+        keep_index = torch.cat([torch.arange(at, end) for at, end in zip(keep_at, step.offsets[1:])])  # [K]
+        no_mask = torch.empty((1, 1, 0, 0), dtype=torch.bool, device=device)  # 4D: transformers builds no mask
+        output = model(
+            input_ids=input_ids.to(device, non_blocking=True),
+            position_ids=step.positions.unsqueeze(0),
+            attention_mask=no_mask,
+            use_cache=False,
+            logits_to_keep=keep_index.to(device, non_blocking=True),
+            packed_step=step,
+        )
         step.finish()
     logits = output.logits[0].float()  # [K, V]
     return list(torch.split(logits, [keep for _, _, keep in rows]))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.attention_backends import AttentionBackendChoice
 from specdec.cpu_affinity import CpuAffinitySettings
 from specdec.embedded_pair import DEMO_TARGET_DIR
+from specdec.execution_settings import ExecutionSettings
 from specdec.kv_admission import KVCacheSettings
 from specdec.session_store import SessionExpirySettings
 from specdec.settings import setting
@@ -19,7 +19,12 @@ RAY_PLACEMENT_STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
 
 @dataclass(frozen=True)
 class VerifySettings(
-    ServerTlsSettings, StepBatchingSettings, SessionExpirySettings, CpuAffinitySettings, KVCacheSettings
+    ServerTlsSettings,
+    StepBatchingSettings,
+    SessionExpirySettings,
+    CpuAffinitySettings,
+    KVCacheSettings,
+    ExecutionSettings,
 ):
     """Everything the verify service reads at start-up (tls_*: TLS, or mutual TLS with tls_client_ca, on its port)."""
 
@@ -28,11 +33,6 @@ class VerifySettings(
     device: str = setting("cpu", "device for the target model: cpu or cuda:N (rank r uses cuda:r under TP)")
     dtype: str = setting("float32", "weight dtype: float32, bfloat16 or float16")
     threads: int = setting(1, "CPU threads per rank (0 = torch default)")
-    attention_backend: AttentionBackendChoice = setting(
-        AttentionBackendChoice.AUTO,
-        "how packed passes attend: kernel (CPU float32: the compiled kernel, built on first start, for short rows), "
-        "sdpa, flex (FlexAttention, one call per layer), or auto (kernel on CPU float32, flex on CUDA, else sdpa)",
-    )
     max_sessions: int = setting(256, "most sessions held at once; more are refused with RESOURCE_EXHAUSTED")
     max_speculative_tokens: int = setting(16, "largest number of draft tokens one Verify may carry")
     grace_s: float = setting(10.0, "seconds in-flight calls get to finish after SIGTERM")

@@ -1,0 +1,99 @@
+"""Decode and verify steps replayed from CUDA graphs, one graph per bucket of tokens (docs/architecture.md,
+"CUDA graphs").
+
+At start-up every bucket's step (specdec/bucketed_step.py) runs twice eagerly (compiling its attention, allocating
+the KV pool) and is then captured; all graphs share one memory pool, captured largest first. A step whose rows each
+feed at most `max_row_tokens` tokens and that fits the largest bucket is staged into the smallest bucket that holds
+it and replayed: one launch for the whole forward instead of one per kernel. Prefills and larger steps run eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import torch
+
+from specdec.attention_backend import AttentionBackend
+from specdec.bucketed_step import KEPT, BucketInputs, bucketed_logits, token_buckets
+from specdec.kv_pool import KVPool, SequenceKV
+from specdec.packed_forward import reserved_rows
+
+log = logging.getLogger(__name__)
+
+GRAPH_ROW_TOKENS = 32  # most tokens a row of a replayed step feeds (a verify block is γ + 1; prefills run eagerly)
+
+
+def cuda_graphs_refusal(settings: object, device: torch.device, backend: AttentionBackend) -> str | None:
+    """Why a model's steps are not captured (settings with cuda_graphs, cuda_graph_max_tokens), or None."""
+    if not settings.cuda_graphs:
+        return "cuda_graphs is off"
+    if device.type != "cuda":
+        return f"CUDA graphs need a CUDA device, not {device.type}"
+    if backend.name != "flex":
+        return f"CUDA graphs need the flex attention backend, not {backend.name}"
+    if torch.distributed.is_initialized():
+        return "CUDA graphs are not captured under tensor parallelism"
+    return None
+
+
+class CudaGraphSteps:
+    """A model's captured steps, one per bucket, and running a step through them."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pool: KVPool,
+        backend: AttentionBackend,
+        max_tokens: int,
+        max_row_tokens: int,
+        max_context: int,
+    ):
+        self.model, self.pool, self.backend = model, pool, backend
+        self.max_row_tokens = max_row_tokens
+        self.buckets = token_buckets(max_tokens)
+        self.max_blocks_per_row = pool.blocks_for(max_context)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, BucketInputs, torch.Tensor]] = {}
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Captures every bucket's step (each graph holds its inputs and its logits [T, V])."""
+        started = time.perf_counter()
+        device = next(self.model.parameters()).device
+        memory_pool = torch.cuda.graph_pool_handle()
+        for tokens in reversed(self.buckets):
+            inputs = BucketInputs(tokens, self.max_blocks_per_row, device)
+            inputs.fill([], self.pool)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    bucketed_logits(self.model, self.pool, self.backend, inputs.staged, inputs.tables)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=memory_pool):
+                logits = bucketed_logits(self.model, self.pool, self.backend, inputs.staged, inputs.tables)
+            self.graphs[tokens] = (graph, inputs, logits)
+        log.info("captured CUDA graphs for steps of %s tokens in %.1fs", self.buckets, time.perf_counter() - started)
+
+    def serves(self, rows: Sequence[tuple[Sequence[int], SequenceKV, int]]) -> bool:
+        """Whether a step of these rows (token ids, cache, logits kept) replays a graph: no prefill, and it fits."""
+        return (
+            bool(self.graphs)
+            and all(len(ids) <= self.max_row_tokens for ids, _, _ in rows)
+            and (sum(len(ids) for ids, _, _ in rows) <= self.buckets[-1])
+        )
+
+    @torch.inference_mode()
+    def forward(self, rows: Sequence[tuple[Sequence[int], SequenceKV, int]]) -> list[torch.Tensor]:
+        """Runs a step the graphs serve; returns per row float32 logits [keep, V], as packed_forward does."""
+        total = sum(len(ids) for ids, _, _ in rows)
+        graph, inputs, logits = self.graphs[next(tokens for tokens in self.buckets if tokens >= total)]
+        with reserved_rows(rows):
+            inputs.fill([(ids, kv.table, kv.length, keep) for ids, kv, keep in rows], self.pool)
+            graph.replay()
+            kept = logits[inputs.staged[KEPT, : sum(keep for _, _, keep in rows)]].float()  # [K, V], before a replay
+            for ids, kv, _ in rows:
+                kv.length += len(ids)
+        return list(torch.split(kept, [keep for _, _, keep in rows]))

@@ -1,0 +1,25 @@
+"""How a model service runs its passes: the attention backend and CUDA graphs (a base of each one's settings)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdec.attention_backends import AttentionBackendChoice
+from specdec.settings import setting
+
+
+@dataclass(frozen=True)
+class ExecutionSettings:
+    """The pass-execution part of a model service's settings."""
+
+    attention_backend: AttentionBackendChoice = setting(
+        AttentionBackendChoice.AUTO,
+        "how packed passes attend: kernel (CPU float32: the compiled kernel, built on first start, for short rows), "
+        "sdpa, flex (FlexAttention, one call per layer), or auto (kernel on CPU float32, flex on CUDA, else sdpa)",
+    )
+    cuda_graphs: bool = setting(
+        True,
+        "CUDA with the flex backend on one GPU: replay decode and verify steps from CUDA graphs captured at start-up "
+        "(--no-cuda-graphs runs every step eagerly)",
+    )
+    cuda_graph_max_tokens: int = setting(256, "largest step (tokens over all its rows) replayed from a CUDA graph")
