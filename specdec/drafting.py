@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec.draft_sampler import RowRequest, choose_rows
 from specdec.kv_session import KVSession, PlannedForward, run_forwards
-from specdec.sampling import SamplingParams, Stream, coupled_scores, logits_to_probs, row_maxima, sample_token
+from specdec.row_sampling import BAD_LOGITS_MESSAGES, BadLogits
+from specdec.sampling import NonFiniteLogitsError, SamplingParams
 from specdec.step_batcher import only_result
 
 
@@ -33,30 +35,15 @@ class DraftJob:
     rows: list[torch.Tensor] = field(default_factory=list)  # the q rows [V] the tokens were drawn from
     alternatives: list[list[int]] = field(default_factory=list)
 
-    def add(self, logits: torch.Tensor) -> int:
-        """Draws the next token from the draft's logits [V] at this position; returns it.
+    def take(self, token: int, ranked: Sequence[int], probs: torch.Tensor | None = None) -> None:
+        """Records a token chosen at this position, and the q row [V] it was drawn from under the rejection rule.
 
-        Under the coupled rule the token is argmax(log q + g) with the position's Gumbel noise g (the one the
-        verifier uses), no q is kept, and alternatives are ranked by those perturbed scores: after a rejection
-        the verifier emits argmax(log p + g), which the draft's runners-up there name more often than not."""
-        probs = logits_to_probs(logits, self.params)  # [V]
-        width = min(self.num_alternatives + 1, logits.shape[-1])
-        if self.params.coupled:
-            scores = coupled_scores(probs.unsqueeze(0), self.params.seed, len(self.session))[0]  # [V]
-            token = int(scores.argmax())
-            ranked = scores.topk(width).indices.tolist() if self.num_alternatives else []
-        else:
-            token = sample_token(probs, self.params, position=len(self.session), stream=Stream.DRAFT)
-            if not self.params.greedy:
-                self.rows.append(probs)
-            ranked = logits.topk(width).indices.tolist() if self.num_alternatives else []
-        self.take(token, ranked)
-        return token
-
-    def take(self, token: int, ranked: Sequence[int]) -> None:
-        """Records a token chosen at this position; `ranked` lists the draft's most likely tokens there
-        (at least num_alternatives + 1 of them, most likely first) to take the alternatives from."""
+        - ranked: the draft's most likely tokens there (at least num_alternatives + 1 of them, most likely first,
+          by the logits, or under the coupled rule by log q + g), to take the alternatives from.
+        """
         self.tokens.append(token)
+        if probs is not None:
+            self.rows.append(probs)
         if self.num_alternatives:
             self.alternatives.append([t for t in ranked if t != token][: self.num_alternatives])
 
@@ -65,40 +52,19 @@ class DraftJob:
         return Drafted(self.tokens, probs, self.alternatives)
 
 
-def next_tokens(jobs: Sequence[DraftJob], logits: Sequence[torch.Tensor]) -> list[int | Exception]:
-    """Adds every job's next token, drawn from its logits row [V]; returns the tokens or the error of a job.
+def next_tokens(jobs: Sequence[DraftJob], logits: torch.Tensor) -> list[int | Exception]:
+    """Adds every job's next token from its row of logits [K, V] (choose_rows: one read back); returns the tokens.
 
-    Greedy jobs are served together, one top-k (or one max, without alternatives) over their stacked rows, as
-    logits_to_probs and sample_token would pick one by one (the argmax, first index on ties); in a large batch of
-    short steps the per-row work would otherwise outweigh the model pass. A row with NaN or +inf, or no allowed
-    token, goes the one-by-one way, which reports it; so does a row whose two largest logits tie, since top-k
-    leaves the order of equal values open. Sampled jobs draw one by one from their own random streams.
+    - a job whose row has NaN or +inf, or no allowed token, gets its NonFiniteLogitsError instead, alone.
     """
-    tokens: list[int | Exception | None] = [None] * len(jobs)
-    greedy = [index for index, job in enumerate(jobs) if job.params.greedy]
-    if greedy:
-        stacked = torch.stack([logits[index] for index in greedy]).float()  # [G, V]
-        width = min(max(jobs[index].num_alternatives for index in greedy) + 1, stacked.shape[-1])
-        if width > 1:
-            top_values, top_indices = stacked.topk(width, dim=-1)  # [G, width] each, largest first
-            usable = (top_values[:, 0].isfinite() & (top_values[:, 0] > top_values[:, 1])).tolist()  # [G]
-            ranked = top_indices.tolist()  # [G, width]
-            picked = [indices[0] for indices in ranked]  # [G]
-        else:
-            largest, first_largest = row_maxima(stacked)  # [G] each
-            usable = largest.isfinite().tolist()  # [G]
-            picked = first_largest.tolist()  # [G]
-            ranked = [[] for _ in greedy]
-        for row, index in enumerate(greedy):
-            if usable[row]:
-                jobs[index].take(picked[row], ranked[row])
-                tokens[index] = picked[row]
-    for index, job in enumerate(jobs):
-        if tokens[index] is None:
-            try:
-                tokens[index] = job.add(logits[index])
-            except Exception as error:  # noqa: BLE001 - that job fails alone
-                tokens[index] = error
+    requests = [RowRequest(job.params, len(job.session), job.num_alternatives) for job in jobs]
+    tokens: list[int | Exception] = []
+    for job, choice in zip(jobs, choose_rows(logits, requests)):
+        if choice.bad_logits:
+            tokens.append(NonFiniteLogitsError(BAD_LOGITS_MESSAGES[BadLogits(choice.bad_logits)]))
+            continue
+        job.take(choice.token, choice.ranked, choice.probs)
+        tokens.append(choice.token)
     return tokens
 
 
@@ -134,6 +100,7 @@ class DraftRun:
         if num_tokens == 0:
             return job.result()
         try:
+            params.validate()
             self._live.append((key, job, session.plan_extend()))
         except Exception as error:  # noqa: BLE001 - reported to that session's caller only
             return error
@@ -142,8 +109,11 @@ class DraftRun:
     def step(self) -> list[tuple[object, Drafted | Exception]]:
         """Runs one forward pass for every live session; returns (key, outcome) of those that finished in it."""
         finished: list[tuple[object, Drafted | Exception]] = []
+        if not self._live:
+            return finished
         still_live = []
-        step_logits = [logits[-1] for logits in run_forwards([plan for _, _, plan in self._live])]  # per job [V]
+        forwards = run_forwards([plan for _, _, plan in self._live])  # per job [logit rows, V]
+        step_logits = torch.stack([logits[-1] for logits in forwards])  # [K, V]
         for (key, job, _), token in zip(self._live, next_tokens([job for _, job, _ in self._live], step_logits)):
             if isinstance(token, Exception):
                 finished.append((key, token))

@@ -1,4 +1,4 @@
-"""Choosing drafted tokens for a batch of sessions: greedy rows together, as one by one would."""
+"""Choosing drafted tokens for a batch of sessions: every row together, as one by one would."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ import torch
 
 from specdec.drafting import DraftJob, draft_with_model, next_tokens
 from specdec.kv_session import KVSession
-from specdec.sampling import NonFiniteLogitsError, SamplingParams, SamplingRule, coupled_scores, logits_to_probs
+from specdec.sampling import (
+    NonFiniteLogitsError,
+    SamplingParams,
+    SamplingRule,
+    coupled_scores,
+    logits_to_probs,
+    sample_token,
+)
 
 GREEDY = SamplingParams()
 SAMPLED = SamplingParams(temperature=1.0, seed=11)
@@ -33,27 +40,31 @@ def jobs(tiny_pair) -> list[DraftJob]:
     ]
 
 
-def test_greedy_rows_together_pick_what_one_by_one_picks(tiny_pair):
-    batched, alone = jobs(tiny_pair), jobs(tiny_pair)
-    tokens = next_tokens(batched, LOGITS)
-    for index, (job, logits) in enumerate(zip(alone, LOGITS)):
-        if index in (2, 3):
-            assert isinstance(tokens[index], NonFiniteLogitsError)
-            continue
-        assert tokens[index] == job.add(logits)
-        assert (batched[index].tokens, batched[index].alternatives) == (job.tokens, job.alternatives)
-    assert tokens[0] == 1 and batched[0].alternatives == [[2, 5, 4]]
-    assert batched[1].alternatives == [[4, 3]] and batched[5].alternatives == []
+def test_rows_together_pick_what_one_by_one_picks(tiny_pair):
+    batched = jobs(tiny_pair)
+    tokens = next_tokens(batched, torch.stack(LOGITS))
+    for index, message in (
+        (2, "logits contain NaN or +inf"),
+        (3, "a row of logits is all -inf, so no token is possible"),
+    ):
+        assert isinstance(tokens[index], NonFiniteLogitsError) and str(tokens[index]) == message
+        assert batched[index].tokens == []
+    q = logits_to_probs(LOGITS[4], SAMPLED)
+    sampled = sample_token(q, SAMPLED, position=3)  # position 3: after [1, 2, 3]
+    assert [tokens[i] for i in (0, 1, 4, 5)] == [1, 0, sampled, 0]
+    assert batched[0].alternatives == [[2, 5, 4]] and batched[1].alternatives == [[4, 3]]
+    ranked = LOGITS[4].topk(3).indices.tolist()
+    assert batched[4].alternatives == [[t for t in ranked if t != sampled][:2]] and batched[5].alternatives == []
     assert batched[0].result().probs is None  # greedy: q is one-hot, not sent
-    assert batched[4].result().probs.shape == (1, 6)  # sampled: the q row it was drawn from
+    assert torch.equal(batched[4].result().probs, q[None])  # sampled: the q row [1, V] it was drawn from
 
 
 def test_greedy_rows_without_alternatives_pick_the_first_largest(tiny_pair):
-    """No alternatives asked: one max over the rows (its first index on a tie), no top-k."""
+    """No alternatives asked: the first index of each row's largest logit."""
     _, draft = tiny_pair
     rows = [LOGITS[0], LOGITS[1], LOGITS[3], LOGITS[5]]
     batched = [DraftJob(KVSession(draft, [1, 2, 3]), 4, GREEDY, 0) for _ in rows]
-    tokens = next_tokens(batched, rows)
+    tokens = next_tokens(batched, torch.stack(rows))
     assert tokens[:2] == [1, 0] and tokens[3] == 0
     assert isinstance(tokens[2], NonFiniteLogitsError)
     assert all(job.alternatives == [] for job in batched)
@@ -66,7 +77,7 @@ def test_a_coupled_draft_keeps_no_q_and_ranks_alternatives_by_the_perturbed_scor
     params = SamplingParams(temperature=0.8, top_p=0.95, seed=5, rule=SamplingRule.COUPLED)
     job = DraftJob(KVSession(draft, [1, 2, 3]), 4, params, 2)
     logits = LOGITS[4]
-    token = job.add(logits)
+    (token,) = next_tokens([job], logits[None])
     scores = coupled_scores(logits_to_probs(logits, params)[None], params.seed, 3)[0]  # position 3: after [1, 2, 3]
     ranked = scores.topk(3).indices.tolist()
     assert token == ranked[0] and job.alternatives == [ranked[1:]]
