@@ -7,8 +7,12 @@ import re
 import pytest
 
 from coordinator.settings import CoordinatorSettings
+from draft_service.settings import DraftSettings
+from specdec.attention_backends import AttentionBackendChoice
+from specdec.model_runtime import ModelSettings
 from specdec.sampling import SamplingRule
 from specdec.settings import parse_settings, settings_parser
+from verify_service.settings import VerifySettings
 
 
 def test_an_enum_setting_parses_its_values_from_flags_and_environment():
@@ -28,3 +32,12 @@ def test_a_bad_value_names_the_setting_and_the_choices():
 
 def test_help_shows_an_enum_default_by_its_value():
     assert re.search(r"default\s+'rejection'", settings_parser(CoordinatorSettings, "").format_help())
+
+
+def test_both_model_services_take_the_execution_settings_into_their_model_settings():
+    flags = ["--no-cuda-graphs", "--cuda-graph-max-tokens", "64", "--attention-backend", "flex"]
+    for service in (DraftSettings, VerifySettings):
+        assert ModelSettings.of(parse_settings(service, [], environ={})).cuda_graphs is True
+        model = ModelSettings.of(parse_settings(service, flags, environ={}))
+        assert (model.cuda_graphs, model.cuda_graph_max_tokens) == (False, 64)
+        assert model.attention_backend is AttentionBackendChoice.FLEX
