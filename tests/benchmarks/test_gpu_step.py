@@ -38,7 +38,7 @@ def test_dry_run_times_every_step_and_runs_the_stack(tmp_path, capsys):
                 assert measured[contender]["samples"] == 3
             # Nothing is made up for what cannot run here: each says why.
             assert "CUDA device" in measured["hf_cuda_graph_static_cache"]["error"]
-            assert "no CUDA-graph step" in measured["project_step_cuda_graphs"]["error"]
+            assert "captured no CUDA graphs" in measured["project_step_cuda_graphs"]["error"]
     assert steps["target_plain"]["bandwidth_bound_ms"] > steps["draft_plain"]["bandwidth_bound_ms"]
 
     stack = report["stack"]
