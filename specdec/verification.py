@@ -1,8 +1,8 @@
 """Verification rounds on target sessions: sync to base_len, score the draft, judge, commit.
 
 `verify_rounds` runs the rounds of many sessions with a single scoring pass (continuous batching), into which
-other sessions' prefills can be packed too; a round that fails (stale base_len, context overflow, non-finite
-logits) fails alone.
+other sessions' prefills can be packed too, then judges them all at once (specdec/round_judge.py), reading the
+device once per step; a round that fails (stale base_len, context overflow, non-finite logits) fails alone.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import torch
 
 from specdec.errors import StaleBaseLenError
 from specdec.kv_session import KVSession, PlannedForward, run_forwards
-from specdec.sampling import SamplingParams, Verdict, logits_to_probs, sample_verdict
+from specdec.round_judge import DraftRound, judge_rounds
+from specdec.sampling import SamplingParams, Verdict
 from specdec.step_batcher import only_result
 
 
@@ -24,7 +25,7 @@ class VerifyTiming:
     """Where a round's time went inside the verifier (ns), and the pass that scored it."""
 
     forward_ns: int  # the whole scoring pass, shared by every round in it
-    sampling_ns: int
+    sampling_ns: int  # judging every round of the pass, shared likewise
     batch_rows: int = 1  # rounds scored by that pass
     batch_tokens: int = 0  # tokens it fed, over all its rows
 
@@ -75,22 +76,24 @@ def verify_rounds(
     batch_tokens = scored_tokens + prefill_tokens
     if on_pass is not None:
         on_pass(forward_ns, prefill_tokens, scored_tokens)
-    for (index, _), logits in zip(planned, all_logits):
+    sampling_started = time.perf_counter_ns()
+    rounds = [
+        DraftRound(jobs[i].draft_tokens, jobs[i].draft_probs, jobs[i].params, jobs[i].base_len) for i, _ in planned
+    ]
+    try:
+        outcomes = judge_rounds(rounds, all_logits)
+    except Exception as error:  # noqa: BLE001 - one that no single round caused fails each of them
+        outcomes = [error] * len(rounds)
+    timing = VerifyTiming(forward_ns, time.perf_counter_ns() - sampling_started, len(planned), batch_tokens)
+    for (index, _), outcome in zip(planned, outcomes):
         job = jobs[index]
-        sampling_started = time.perf_counter_ns()
-        try:
-            p = logits_to_probs(logits, job.params)  # [γ+1, V]
-            verdict = sample_verdict(job.draft_tokens, job.draft_probs, p, job.params, start_position=job.base_len)
-        except Exception as error:  # noqa: BLE001
+        if isinstance(outcome, Exception):
             job.session.truncate(job.base_len)
-            results[index] = error
+            results[index] = outcome
             continue
-        job.session.truncate(job.base_len + verdict.num_accepted)
-        job.session.append([verdict.next_token])
-        results[index] = (
-            verdict,
-            VerifyTiming(forward_ns, time.perf_counter_ns() - sampling_started, len(planned), batch_tokens),
-        )
+        job.session.truncate(job.base_len + outcome.num_accepted)
+        job.session.append([outcome.next_token])
+        results[index] = (outcome, timing)
     return results
 
 
