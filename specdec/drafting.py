@@ -9,7 +9,7 @@ import torch
 
 from specdec.draft_sampler import RowRequest, choose_rows
 from specdec.kv_session import KVSession, PlannedForward, run_forwards
-from specdec.row_sampling import BAD_LOGITS_MESSAGES, BadLogits
+from specdec.row_sampling import BAD_LOGITS_MESSAGES, BadLogits, joined_rows
 from specdec.sampling import NonFiniteLogitsError, SamplingParams
 from specdec.step_batcher import only_result
 
@@ -113,7 +113,7 @@ class DraftRun:
             return finished
         still_live = []
         forwards = run_forwards([plan for _, _, plan in self._live])  # per job [logit rows, V]
-        step_logits = torch.stack([logits[-1] for logits in forwards])  # [K, V]
+        step_logits = joined_rows([logits[-1:] for logits in forwards])  # [K, V]
         for (key, job, _), token in zip(self._live, next_tokens([job for _, job, _ in self._live], step_logits)):
             if isinstance(token, Exception):
                 finished.append((key, token))

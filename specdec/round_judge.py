@@ -24,6 +24,7 @@ from specdec.row_sampling import (
     coupled_noise,
     host_uniforms,
     inverse_cdf,
+    joined_rows,
 )
 from specdec.sampling import NonFiniteLogitsError, SamplingParams, Stream, Verdict
 
@@ -95,7 +96,7 @@ class _Step:
         self.width = max(self.gammas) + 1
         row_params = [rd.params for rd, g in zip(rounds, self.gammas) for _ in range(g + 1)]
         rows = RowSettings.of(row_params, self.device)
-        self.probs, self.first_argmax, self.codes = batched_probs(torch.cat(list(logits)), rows)  # [K, V], [K], [K]
+        self.probs, self.first_argmax, self.codes = batched_probs(joined_rows(logits), rows)  # [K, V], [K], [K]
         slots = [[min(i, g) for i in range(self.width)] for g in self.gammas]  # an in-range row per slot
         self.slot_rows = self.tensor([[o + i for i in s] for o, s in zip(self.offsets, slots)])  # [R, W]
         self.draft = self.tensor([t + [0] * (self.width - len(t)) for t in drafts])  # [R, W]
@@ -173,7 +174,7 @@ class _Step:
         def normalised_residual(q: torch.Tensor) -> torch.Tensor:
             residual = (p_n - q).clamp(min=0)  # [S, V], in the dtype p and q promote to
             mass = residual.sum(dim=-1, keepdim=True)  # [S, 1]
-            return torch.where(mass > 0, residual / mass, fallback.to(residual.dtype)).double()
+            return torch.where(mass > 0, residual / mass, fallback.to(residual.dtype))
 
         residual = normalised_residual(torch.where(has_q.unsqueeze(1), q_n.float(), one_hot))  # [S, V]
         if q_all.dtype == torch.float64:  # float64 q rows keep their precision, as in the per-round code
@@ -181,8 +182,8 @@ class _Step:
                 [(q := self.rounds[r].draft_probs) is not None and q.dtype == torch.float64 for r in rejection],
                 torch.bool,
             )  # [S]
-            residual = torch.where(wide.unsqueeze(1), normalised_residual(q_n), residual)
-        next_probs = torch.where(all_accepted.unsqueeze(1), p_n.double(), residual)  # [S, V]
+            residual = torch.where(wide.unsqueeze(1), normalised_residual(q_n), residual.double())
+        next_probs = torch.where(all_accepted.unsqueeze(1), p_n.to(residual.dtype), residual)  # [S, V]
         return inverse_cdf(next_probs, self.uniforms(Stream.RESAMPLE).gather(1, slot).squeeze(1))
 
     def uniforms(self, stream: Stream) -> torch.Tensor:

@@ -46,6 +46,7 @@ class RowSettings:
     all_greedy: bool
     any_top_k: bool
     any_top_p: bool
+    all_top_p: bool  # every sampled row uses top-p
 
     @classmethod
     def of(cls, params: Sequence[SamplingParams], device: torch.device) -> RowSettings:
@@ -62,6 +63,7 @@ class RowSettings:
             all_greedy=all(p.greedy for p in params),
             any_top_k=any(p.top_k > 0 and not p.greedy for p in params),
             any_top_p=any(p.top_p < 1 and not p.greedy for p in params),
+            all_top_p=all(p.top_p < 1 for p in params if not p.greedy),
         )
 
 
@@ -73,19 +75,21 @@ def bad_logits_codes(largest: torch.Tensor) -> torch.Tensor:
 
 
 def batched_probs(logits: torch.Tensor, rows: RowSettings) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Logits [K, V] -> (float32 probabilities [K, V], each row's first argmax [K], BadLogits codes [K]).
+    """Logits [K, V] -> (float32 probabilities [K, V] of the sampled rows, each row's first argmax [K], BadLogits
+    codes [K]).
 
-    Row by row what logits_to_probs gives: a one-hot at the first argmax on greedy rows; else temperature, top-k
-    (every token tied with the k-th largest kept), top-p (the smallest most-likely set reaching top_p). A row with
-    a nonzero code holds no meaningful probabilities.
+    - sampled rows: what logits_to_probs gives row by row: temperature, top-k (every token tied with the k-th
+      largest kept), top-p (the smallest most-likely set reaching top_p);
+    - greedy rows: their token is the first argmax; their probability rows hold nothing meaningful (and when every
+      row is greedy the probabilities are [K, 0]);
+    - a row with a nonzero code holds no meaningful probabilities.
     """
     logits = logits.float()
     vocab = logits.shape[-1]
     largest, first_largest = logits.max(dim=-1)  # [K] each
     codes = bad_logits_codes(largest)
-    one_hot = torch.zeros_like(logits).scatter_(-1, first_largest.unsqueeze(-1), 1.0)  # [K, V]; F.one_hot syncs
     if rows.all_greedy:
-        return one_hot, first_largest, codes
+        return logits.new_empty((logits.shape[0], 0)), first_largest, codes
     # Shift the max to 0 first: a tiny temperature then sends the others to -inf instead of the max to +inf.
     scaled = (logits - largest.unsqueeze(-1)) / rows.temperature.unsqueeze(-1)  # [K, V]
     if rows.any_top_k:
@@ -98,11 +102,30 @@ def batched_probs(logits: torch.Tensor, rows: RowSettings) -> tuple[torch.Tensor
         uses_p = rows.top_p < 1  # [K]
         sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # [K, V]
         mass_before = F.pad(sorted_probs.cumsum(dim=-1)[..., :-1], (1, 0))  # [K, V]
-        drop_sorted = mass_before >= rows.top_p.unsqueeze(-1)  # [K, V]; the first token always stays
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # [K, V]
-        kept = probs.masked_fill(drop, 0.0)
-        probs = torch.where(uses_p.unsqueeze(-1), kept / kept.sum(dim=-1, keepdim=True), probs)
-    return torch.where(rows.greedy.unsqueeze(-1), one_hot, probs), first_largest, codes
+        drop_sorted = (mass_before >= rows.top_p.unsqueeze(-1)) & uses_p.unsqueeze(-1)  # [K, V]; first token stays
+        kept = probs.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), 0.0)
+        renormalised = kept / kept.sum(dim=-1, keepdim=True)
+        probs = renormalised if rows.all_top_p else torch.where(uses_p.unsqueeze(-1), renormalised, probs)
+    return probs, first_largest, codes
+
+
+def joined_rows(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Row blocks [k_i, V] as one [sum k_i, V]: a view where they lie one after another in one storage (as the
+    rows of one packed pass's logits do), else a copy."""
+    first = tensors[0]
+    rows = sum(t.shape[0] for t in tensors)
+    offset, consecutive = first.storage_offset(), True
+    for t in tensors:
+        consecutive &= (
+            t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+            and t.stride() == first.stride()
+            and t.shape[1:] == first.shape[1:]
+            and t.storage_offset() == offset
+        )
+        offset += t.shape[0] * first.stride(0)
+    if consecutive and first.dim() == 2:
+        return first.as_strided((rows, first.shape[1]), first.stride(), first.storage_offset())
+    return torch.cat(list(tensors))
 
 
 def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
