@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from host_syncs import HostSyncCounter
 
 from specdec.attention_backends import AttentionBackendChoice
 from specdec.bucketed_step import KEPT, BucketInputs, bucketed_logits, token_buckets
@@ -56,8 +57,9 @@ def test_a_bucketed_step_gives_the_packed_pass_logits_and_writes_padding_to_the_
     inputs.fill(rows, pool)
     held = {block for _, table, _, _ in rows for block in table}
     before = pool.keys[0].clone()
-    with torch.inference_mode():
+    with torch.inference_mode(), HostSyncCounter(below_functions=False) as syncs:
         logits = bucketed_logits(flex_target.model, pool, flex_target.attention_backend, inputs.staged, inputs.tables)
+    assert syncs.reads == [], "a step a CUDA graph captures may read nothing back"
     assert logits.shape[0] == bucket and logits.isfinite().all(), "padding tokens hold finite values"
     kept = logits[inputs.staged[KEPT, : sum(keep for *_, keep in rows)]][:, : flex_target.vocab_size].float()
     for want, got in zip(expected, torch.split(kept, [keep for *_, keep in rows])):
