@@ -5,13 +5,14 @@ At start-up every bucket's step (specdec/bucketed_step.py) runs twice eagerly (c
 the KV pool) and is then captured; all graphs share one memory pool, captured largest first. A step whose rows each
 feed at most `max_row_tokens` tokens and that fits the largest bucket is staged into the smallest bucket that holds
 it and replayed: one launch for the whole forward instead of one per kernel. Prefills and larger steps run eagerly.
+Prepared without graphs (`capture(cuda_graphs=False)`), the buckets run eagerly from the same buffers on any device.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -54,28 +55,35 @@ class CudaGraphSteps:
         self.max_row_tokens = max_row_tokens
         self.buckets = token_buckets(max_tokens)
         self.max_blocks_per_row = pool.blocks_for(max_context)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, BucketInputs, torch.Tensor]] = {}
+        self.graphs: dict[int, tuple[Callable[[], object], BucketInputs, torch.Tensor]] = {}  # replay, in, out
+        self.replays = 0  # steps served so far
 
     @torch.inference_mode()
-    def capture(self) -> None:
-        """Captures every bucket's step (each graph holds its inputs and its logits [T, V])."""
+    def capture(self, cuda_graphs: bool = True) -> None:
+        """Prepares every bucket's step with its fixed inputs and logits [T, V]: captured as a CUDA graph, or
+        (cuda_graphs False, any device) run eagerly from the same buffers: the serving path's bookkeeping without
+        the graph."""
         started = time.perf_counter()
         device = next(self.model.parameters()).device
-        memory_pool = torch.cuda.graph_pool_handle()
+        memory_pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         for tokens in reversed(self.buckets):
             inputs = BucketInputs(tokens, self.max_blocks_per_row, device)
             inputs.fill([], self.pool)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    bucketed_logits(self.model, self.pool, self.backend, inputs.staged, inputs.tables)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=memory_pool):
-                logits = bucketed_logits(self.model, self.pool, self.backend, inputs.staged, inputs.tables)
-            self.graphs[tokens] = (graph, inputs, logits)
-        log.info("captured CUDA graphs for steps of %s tokens in %.1fs", self.buckets, time.perf_counter() - started)
+
+            def forward(inputs: BucketInputs = inputs) -> torch.Tensor:
+                return bucketed_logits(self.model, self.pool, self.backend, inputs.staged, inputs.tables)
+
+            if cuda_graphs:
+                replay, logits = _captured(forward, memory_pool)
+            else:
+                logits = forward()
+
+                def replay(forward: Callable[[], torch.Tensor] = forward, logits: torch.Tensor = logits) -> None:
+                    logits.copy_(forward())
+
+            self.graphs[tokens] = (replay, inputs, logits)
+        how = "captured CUDA graphs" if cuda_graphs else "prepared eager bucketed steps"
+        log.info("%s for steps of %s tokens in %.1fs", how, self.buckets, time.perf_counter() - started)
 
     def serves(self, rows: Sequence[tuple[Sequence[int], SequenceKV, int]]) -> bool:
         """Whether a step of these rows (token ids, cache, logits kept) replays a graph: no prefill, and it fits."""
@@ -89,11 +97,29 @@ class CudaGraphSteps:
     def forward(self, rows: Sequence[tuple[Sequence[int], SequenceKV, int]]) -> list[torch.Tensor]:
         """Runs a step the graphs serve; returns per row float32 logits [keep, V], as packed_forward does."""
         total = sum(len(ids) for ids, _, _ in rows)
-        graph, inputs, logits = self.graphs[next(tokens for tokens in self.buckets if tokens >= total)]
+        replay, inputs, logits = self.graphs[next(tokens for tokens in self.buckets if tokens >= total)]
         with reserved_rows(rows):
             inputs.fill([(ids, kv.table, kv.length, keep) for ids, kv, keep in rows], self.pool)
-            graph.replay()
+            replay()
+            self.replays += 1
             kept = logits[inputs.staged[KEPT, : sum(keep for _, _, keep in rows)]].float()  # [K, V], before a replay
             for ids, kv, _ in rows:
                 kv.length += len(ids)
         return list(torch.split(kept, [keep for _, _, keep in rows]))
+
+
+def _captured(
+    forward: Callable[[], torch.Tensor], memory_pool: tuple[int, int]
+) -> tuple[Callable[[], None], torch.Tensor]:
+    """forward run twice on a side stream (compiling its attention, allocating the KV pool), then captured in a CUDA
+    graph in memory_pool; returns the graph's replay and the logits it writes."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            forward()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=memory_pool):
+        logits = forward()
+    return graph.replay, logits

@@ -3,15 +3,19 @@ fixed-shape forward that torch.compile traces whole (what a CUDA graph captures)
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 from host_syncs import HostSyncCounter
 
 from specdec.attention_backends import AttentionBackendChoice
 from specdec.bucketed_step import KEPT, BucketInputs, bucketed_logits, token_buckets
-from specdec.cuda_graph_steps import cuda_graphs_refusal
+from specdec.cuda_graph_steps import GRAPH_ROW_TOKENS, CudaGraphSteps, cuda_graphs_refusal
 from specdec.kv_session import KVSession, run_forwards
 from specdec.model_runtime import LoadedModel, ModelSettings
+from specdec.reference_loop import speculative_generate, target_only_generate
+from specdec.sampling import SamplingParams, SamplingRule
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +97,34 @@ def test_steps_are_captured_only_on_cuda_with_flex_and_the_setting_on(flex_targe
     on = ModelSettings(str(tiny_pair_dirs[0]))
     assert "CUDA device" in cuda_graphs_refusal(on, torch.device("cpu"), flex_target.attention_backend)
     assert cuda_graphs_refusal(on, cuda, flex_target.attention_backend) is None
+
+
+def bucketed_pair(tiny_pair_dirs) -> tuple[LoadedModel, LoadedModel]:
+    """The tiny target and draft on flex, every decode and verify step through eager bucketed steps: what the
+    graphs replay, with the serving path's bookkeeping (staging, reservation, kept logits, lengths)."""
+    pair = []
+    for directory in tiny_pair_dirs:
+        model = LoadedModel.load(ModelSettings(str(directory), attention_backend=AttentionBackendChoice.FLEX))
+        steps = CudaGraphSteps(
+            model.model, model.kv_pool, model.attention_backend, 16, GRAPH_ROW_TOKENS, model.max_context_tokens
+        )
+        steps.capture(cuda_graphs=False)
+        model.graph_steps = steps
+        pair.append(model)
+    return pair[0], pair[1]
+
+
+def test_speculative_decoding_through_bucketed_steps_matches_the_target_alone(tiny_pair_dirs, tiny_pair):
+    target, draft = bucketed_pair(tiny_pair_dirs)
+    plain_target = tiny_pair[0]
+    rng = random.Random(5)
+    coupled = SamplingParams(temperature=1.0, top_p=0.9, seed=11, rule=SamplingRule.COUPLED)
+    for params in (SamplingParams(), coupled):  # both make every token the target's own
+        for _ in range(4):
+            prompt = [rng.randrange(1, 64) for _ in range(rng.randint(2, 20))]
+            expected = target_only_generate(plain_target, prompt, params, max_new_tokens=16).token_ids
+            assert speculative_generate(target, draft, prompt, 4, params, max_new_tokens=16).token_ids == expected
+    assert target.graph_steps.replays > 0 and draft.graph_steps.replays > 0, "decode and verify steps were bucketed"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
