@@ -2,13 +2,15 @@
 
 Every contender takes a prompt as token ids, a temperature, a seed and a token budget, and returns the
 generated ids (prompt excluded, EOS included when produced), the wall time of the whole call (prefill
-included) and its draft counts. In-process contenders run in this process on `threads` torch threads;
-the gRPC contenders talk to a running LocalStack whose services each got their own share of the cores.
+included) and its draft counts. In-process contenders run in this process; `on_cores` pins a contender to
+chosen cores and torch threads for its calls. The gRPC contenders talk to a running LocalStack whose services
+each got their own share of the cores.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -36,6 +38,33 @@ class RunOutput:
 
 
 Contender = Callable[[Sequence[int], float, int, int], RunOutput]  # (prompt_ids, temperature, seed, max_new_tokens)
+
+
+@contextlib.contextmanager
+def pinned(cores: set[int] | None, threads: int) -> Iterator[None]:
+    """This thread on `cores` (all it may use when None) with `threads` torch threads, restored on exit.
+
+    Threads are set before pinning and restored after unpinning, so worker threads torch starts for a higher
+    count inherit the wide affinity, not a narrowed one; with 1 thread torch computes on the calling thread.
+    """
+    previous_cores, previous_threads = os.sched_getaffinity(0), torch.get_num_threads()
+    torch.set_num_threads(threads)
+    os.sched_setaffinity(0, cores or previous_cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, previous_cores)
+        torch.set_num_threads(previous_threads)
+
+
+def on_cores(run: Contender, cores: set[int] | None, threads: int) -> Contender:
+    """`run` with this thread pinned to `cores` on `threads` torch threads during each call (see `pinned`)."""
+
+    def pinned_run(prompt_ids, temperature, seed, max_new_tokens):
+        with pinned(cores, threads):
+            return run(prompt_ids, temperature, seed, max_new_tokens)
+
+    return pinned_run
 
 
 def _sampling(temperature: float, seed: int) -> SamplingParams:

@@ -22,12 +22,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import pathlib
 import statistics
 import uuid
 
-from benchmarks.stack_runs import RequestRun, environment, prompt_texts, results_dir, timed_generate, totals, write_json
+from benchmarks.stack_runs import (
+    RequestRun,
+    environment,
+    pinned_cores,
+    prompt_texts,
+    results_dir,
+    timed_generate,
+    totals,
+    write_json,
+)
 from coordinator.__main__ import eos_token_ids
 from coordinator.generation import Generation
 from coordinator.replicas import ReplicaPool
@@ -165,22 +173,6 @@ def plot_timeline(timelines: dict[str, dict], path: pathlib.Path) -> None:
     figure.savefig(path, dpi=120)
     plt.close(figure)
     print(f"wrote {path}", flush=True)
-
-
-def pinned_cores(threads: int) -> dict[str, str]:
-    """--cpus values giving the draft service and the verify service `threads` cores each, when there are enough.
-    The coordinators share the draft service's cores: in overlapped mode the verifications are the critical path
-    and a pre-draft ends before its verification does, so the drafter's cores have the slack for the coordinator's
-    work (taking in a pre-draft's lanes while a verification runs); sequential rounds wait on every call either way."""
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2 * threads:
-        return {}
-    draft_cores = ",".join(map(str, cores[:threads]))
-    return {
-        "draft": draft_cores,
-        "verify": ",".join(map(str, cores[threads : 2 * threads])),
-        "coordinator": draft_cores,
-    }
 
 
 def main(argv: list[str] | None = None) -> dict:

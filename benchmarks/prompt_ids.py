@@ -1,4 +1,5 @@
-"""The benchmark's fixed prompt set: token-id windows cut from held-out stdlib files.
+"""The benchmark's fixed prompt sets: token-id windows cut from held-out stdlib files ("code"), and the load
+tests' input-grounded prompts that quote a held-out function and ask for it back ("grounded").
 
 Prompts are token ids, so every contender (HF generate, the in-process loops and the gRPC stack) starts
 from exactly the same sequence. A tokenizer without a code vocabulary (the word-level tokenizer of the
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from load_tests.prompts import code_prompts
+from load_tests.prompts import code_prompts, grounded_prompts
 
 _MAX_UNKNOWN_FRACTION = 0.5
 
@@ -21,9 +22,35 @@ _MAX_UNKNOWN_FRACTION = 0.5
 class PromptSet:
     """Prompts as token ids, and where they come from."""
 
-    kind: str  # "held_out_code" or "random_ids"
+    kind: str  # "held_out_code", "grounded" or "random_ids"
     token_ids: list[list[int]]
     sources: list[str]  # file:line of each window (or "random:i")
+
+
+PROMPT_SETS = ("code", "grounded")
+
+
+def benchmark_prompt_sets(
+    tokenizer: PreTrainedTokenizerBase, count: int, prompt_tokens: int, seed: int = 0
+) -> dict[str, PromptSet]:
+    """Every set of PROMPT_SETS, `count` prompts each."""
+    return {
+        "code": benchmark_prompts(tokenizer, count, prompt_tokens, seed),
+        "grounded": grounded_benchmark_prompts(tokenizer, count, prompt_tokens, seed),
+    }
+
+
+def grounded_benchmark_prompts(
+    tokenizer: PreTrainedTokenizerBase, count: int, prompt_tokens: int, seed: int = 0
+) -> PromptSet:
+    """`count` input-grounded prompts, whole (their lengths vary; `prompt_tokens` sizes the random fallback)."""
+    prompts = grounded_prompts(count, seed=seed)
+    token_ids = [tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in prompts]
+    total = sum(len(ids) for ids in token_ids)
+    unknown = sum(i == tokenizer.unk_token_id for ids in token_ids for i in ids)
+    if total and unknown / total <= _MAX_UNKNOWN_FRACTION:
+        return PromptSet("grounded", token_ids, [p.source for p in prompts])
+    return random_prompts(tokenizer, count, prompt_tokens, seed + 1)
 
 
 def benchmark_prompts(tokenizer: PreTrainedTokenizerBase, count: int, prompt_tokens: int, seed: int = 0) -> PromptSet:

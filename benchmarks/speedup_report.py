@@ -15,8 +15,10 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 from benchmarks.contenders import RunOutput  # noqa: E402
 
 TARGET_ONLY = ("hf_target_only", "own_target_only")
-SPECULATIVE = ("hf_assisted", "reference_loop", "grpc_sequential", "grpc_overlap")
-CONTENDERS = (*TARGET_ONLY, *SPECULATIVE)
+PLAIN = (*TARGET_ONLY, "grpc_plain")  # grpc_plain: the stack's γ 0 path
+SPECULATIVE = ("hf_assisted", "hf_assisted_all_cores", "reference_loop", "grpc_sequential", "grpc_overlap")
+CONTENDERS = (*PLAIN, *SPECULATIVE)
+PROJECT_SPECULATIVE = ("reference_loop", "grpc_sequential", "grpc_overlap")  # coupled draws: they sample alike
 TEMPERATURES = {"greedy": 0.0, "temperature_1": 1.0}
 HEADLINE = "greedy"
 
@@ -121,12 +123,12 @@ def figures(summaries: dict[str, dict[str, dict]], gamma: int, c_by_contender: d
 def summary_table(report: dict) -> str:
     """A fixed-width table: one row per contender, greedy and temperature 1 side by side."""
     labels = list(report["tokens_per_s"])
-    header = f"{'contender':<17}" + "".join(
+    header = f"{'contender':<21}" + "".join(
         f" | {label:<13} {'tok/s':>7} {'×target':>7} {'×HF-as':>6} {'α':>5} {'bound':>5} {'eff':>5}" for label in labels
     )
     lines = [header, "-" * len(header)]
     for name in CONTENDERS:
-        row = f"{name:<17}"
+        row = f"{name:<21}"
         for label in labels:
             ratios = report["ratios_by_temperature"][label]
             alpha = report["alpha"][label].get(name)
@@ -180,7 +182,7 @@ def plot(report: dict, path: pathlib.Path) -> pathlib.Path:
         drawn = bars.bar(xs, values, width, label=label)
         ratios = [report["ratios_by_temperature"][label][f"{name}_vs_target_only"] for name in CONTENDERS]
         bars.bar_label(drawn, [f"{r:.2f}×" for r in ratios], fontsize=7)
-    bars.set_xticks(range(len(CONTENDERS)), [n.replace("_", "\n", 1) for n in CONTENDERS], fontsize=8)
+    bars.set_xticks(range(len(CONTENDERS)), [n.replace("_", "\n", 1) for n in CONTENDERS], fontsize=7)
     bars.set_ylabel("tokens/s (median of repetitions)")
     bars.set_title("tokens/s by contender (labels: × best target-only)")
     bars.legend()
@@ -203,7 +205,8 @@ def plot(report: dict, path: pathlib.Path) -> pathlib.Path:
     config = report["config"]
     figure.suptitle(
         f"{pathlib.Path(config['target']).name} / {pathlib.Path(config['draft']).name}, "
-        f"{config['threads']} threads, {config['prompts']} prompts × {config['max_new_tokens']} new tokens"
+        f"{config['threads']} thread(s) per core group, {config['prompts']} code prompts × "
+        f"{config['max_new_tokens']} new tokens"
     )
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -219,3 +222,26 @@ def first_mismatches(reference: Sequence[Sequence[int]], other: Sequence[Sequenc
             position = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             found.append({"prompt": index, "position": position})
     return found
+
+
+def agreement_checks(measurements: dict, sweep_outputs: dict[str, list[list[int]]]) -> tuple[dict, dict]:
+    """From prompt set -> temperature -> contender -> Measurement: the greedy completions by prompt set (code
+    with the γ sweep's), and whether every contender's greedy completions equal the project's plain loop's and
+    the project's three speculative paths sample alike at temperature 1, on each prompt set."""
+    greedy_ids, mismatches, sampled_alike = {}, {}, True
+    for set_name, by_label in measurements.items():
+        ids = {name: by_label["greedy"][name].token_ids for name in CONTENDERS}
+        greedy_ids[set_name] = {**ids, **sweep_outputs} if set_name == "code" else ids
+        reference = greedy_ids[set_name]["own_target_only"]
+        mismatches[set_name] = {
+            name: found for name, other in greedy_ids[set_name].items() if (found := first_mismatches(reference, other))
+        }
+        sampled = [by_label["temperature_1"][name].token_ids for name in PROJECT_SPECULATIVE]
+        sampled_alike = sampled_alike and all(ids == sampled[0] for ids in sampled)
+    checks = {
+        "greedy_outputs_identical": not any(mismatches.values()),
+        "greedy_mismatches": mismatches["code"],
+        "greedy_mismatches_grounded": mismatches.get("grounded", {}),
+        "sampled_project_outputs_identical": sampled_alike,
+    }
+    return checks, greedy_ids

@@ -126,6 +126,22 @@ def results_dir(out_dir: pathlib.Path | None, quick: bool) -> pathlib.Path:
     return directory
 
 
+def pinned_cores(threads: int) -> dict[str, str]:
+    """--cpus values giving the draft service and the verify service `threads` cores each, when there are enough.
+    The coordinators share the draft service's cores: in overlapped mode the verifications are the critical path
+    and a pre-draft ends before its verification does, so the drafter's cores have the slack for the coordinator's
+    work (taking in a pre-draft's lanes while a verification runs); sequential rounds wait on every call either way."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2 * threads:
+        return {}
+    draft_cores = ",".join(map(str, cores[:threads]))
+    return {
+        "draft": draft_cores,
+        "verify": ",".join(map(str, cores[threads : 2 * threads])),
+        "coordinator": draft_cores,
+    }
+
+
 def write_json(path: pathlib.Path, report: dict) -> None:
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {path}", flush=True)
