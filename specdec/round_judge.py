@@ -77,8 +77,7 @@ def judge_rounds(rounds: Sequence[DraftRound], logits: Sequence[torch.Tensor]) -
             results[index] = error
     if valid:
         step = _Step([rounds[i] for i, _ in valid], [t for _, t in valid], [logits[i] for i, _ in valid])
-        outcomes = step.outcomes()
-        for (index, tokens), (n, next_token, code) in zip(valid, outcomes):
+        for (index, tokens), (n, next_token, code) in zip(valid, step.outcomes()):
             if code != BadLogits.NONE:
                 results[index] = NonFiniteLogitsError(BAD_LOGITS_MESSAGES[BadLogits(code)])
             else:
@@ -86,39 +85,60 @@ def judge_rounds(rounds: Sequence[DraftRound], logits: Sequence[torch.Tensor]) -
     return results
 
 
+def _round_code(row_codes: Sequence[int]) -> int:
+    """A round's BadLogits from its rows': NaN or +inf in any row, else a row that allows no token, else NONE."""
+    if BadLogits.NAN_OR_POSINF in row_codes:
+        return BadLogits.NAN_OR_POSINF
+    return BadLogits.ALL_NEGINF if BadLogits.ALL_NEGINF in row_codes else BadLogits.NONE
+
+
+def _leading_matches(drafted: Sequence[int], target: Sequence[int]) -> int:
+    """How many drafted tokens, from the first, equal the target's own tokens at their positions."""
+    n = 0
+    while n < len(drafted) and drafted[n] == target[n]:
+        n += 1
+    return n
+
+
 class _Step:
-    """The checked rounds of a step laid out on the device: rows [K] (round r's γ_r+1 logit rows from offsets[r]) and
-    draft slots [R, W] (W = γmax + 1; a round's slots past its γ are padding, never accepted)."""
+    """The checked rounds of a step on the device: rows [K] (round r's γ_r+1 logit rows from offsets[r]); the
+    rejection rounds' draft slots [S, W] (W = γmax + 1; slots past a round's γ are padding, never accepted)."""
 
     def __init__(self, rounds: Sequence[DraftRound], drafts: Sequence[list[int]], logits: Sequence[torch.Tensor]):
-        self.rounds, self.gammas, self.device = rounds, [len(tokens) for tokens in drafts], logits[0].device
+        self.rounds, self.drafts, self.device = rounds, drafts, logits[0].device
+        self.gammas = [len(tokens) for tokens in drafts]
         self.offsets = [sum(g + 1 for g in self.gammas[:r]) for r in range(len(rounds))]
         self.width = max(self.gammas) + 1
         row_params = [rd.params for rd, g in zip(rounds, self.gammas) for _ in range(g + 1)]
         rows = RowSettings.of(row_params, self.device)
         self.probs, self.first_argmax, self.codes = batched_probs(joined_rows(logits), rows)  # [K, V], [K], [K]
-        slots = [[min(i, g) for i in range(self.width)] for g in self.gammas]  # an in-range row per slot
-        self.slot_rows = self.tensor([[o + i for i in s] for o, s in zip(self.offsets, slots)])  # [R, W]
-        self.draft = self.tensor([t + [0] * (self.width - len(t)) for t in drafts])  # [R, W]
-        self.in_draft = self.tensor([[i < g for i in range(self.width)] for g in self.gammas], torch.bool)  # [R, W]
         self.rejection = [r for r, rd in enumerate(rounds) if not rd.params.greedy and not rd.params.coupled]
-        self.rejection_index = self.tensor(self.rejection)  # [S]
 
     def tensor(self, values: list, dtype: torch.dtype = torch.long) -> torch.Tensor:
         """Host values as a tensor on the step's device."""
         return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
 
-    def outcomes(self) -> list[list[int]]:
-        """Per round [n accepted, next token, BadLogits code], read back in one .tolist()."""
-        targets = self.target_tokens()  # [K]
-        accepts = (self.draft == targets[self.slot_rows]) & self.in_draft  # [R, W]: greedy and coupled rounds
+    def outcomes(self) -> list[tuple[int, int, int]]:
+        """Per round (n accepted, next token, BadLogits code), from one read of the device: every row's own target
+        token and code, and the rejection rounds' n and draws. Greedy and coupled rounds accept on the host, while
+        the drafted tokens equal the target's own."""
+        rows = len(self.first_argmax)
+        columns = [self.target_tokens(), self.codes.long()]  # [K] each
         if self.rejection:
-            accepts = accepts.index_copy(0, self.rejection_index, self.rejection_accepts())
-        n = accepts.long().cumprod(dim=1).sum(dim=1)  # [R]: leading accepts
-        next_tokens = targets[self.tensor(self.offsets) + n]  # [R]
-        if self.rejection:
-            next_tokens = next_tokens.index_copy(0, self.rejection_index, self.rejection_draws(n))
-        return torch.stack([n, next_tokens, self.round_codes()], dim=1).tolist()  # [R, 3]: the step's one read
+            n = self.rejection_accepts().long().cumprod(dim=1).sum(dim=1)  # [S]: leading accepts
+            columns += [n, self.rejection_draws(n)]  # [S] each
+        host = torch.cat(columns).tolist()  # the step's one read
+        targets, codes, rejected = host[:rows], host[rows : 2 * rows], host[2 * rows :]
+        judged = dict(zip(self.rejection, zip(rejected[: len(self.rejection)], rejected[len(self.rejection) :])))
+        outcomes = []
+        for r, (tokens, start) in enumerate(zip(self.drafts, self.offsets)):
+            code = _round_code(codes[start : start + len(tokens) + 1])
+            if r in judged:
+                outcomes.append((*judged[r], code))
+            else:
+                n = _leading_matches(tokens, targets[start:])
+                outcomes.append((n, targets[start + n], code))
+        return outcomes
 
     def target_tokens(self) -> torch.Tensor:
         """The target's own token per row [K]: its first argmax, or argmax(log p + g) on coupled rounds' rows."""
@@ -129,6 +149,18 @@ class _Step:
         noise = coupled_noise(draws, self.probs.shape[1], self.device)  # [C, V]
         rows = self.tensor([self.offsets[r] + i for r, i in coupled])  # [C]
         return self.first_argmax.index_copy(0, rows, (self.probs[rows].double().log() + noise).argmax(dim=-1))
+
+    @cached_property
+    def slots(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The rejection rounds' slots: each slot's logit row [S, W], drafted token [S, W] (0 past γ), whether it
+        holds a drafted token [S, W]."""
+        gammas = [self.gammas[r] for r in self.rejection]
+        offsets = [self.offsets[r] for r in self.rejection]
+        drafts = [self.drafts[r] for r in self.rejection]
+        rows = self.tensor([[o + min(i, g) for i in range(self.width)] for o, g in zip(offsets, gammas)])
+        draft = self.tensor([t + [0] * (self.width - len(t)) for t in drafts])
+        in_draft = self.tensor([[i < g for i in range(self.width)] for g in gammas], torch.bool)
+        return rows, draft, in_draft
 
     @cached_property
     def drafted_q(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -150,24 +182,22 @@ class _Step:
     def rejection_accepts(self) -> torch.Tensor:
         """Accept flags [S, W] of the rejection rounds: u_i < p_i(x_i) / q_i(x_i) in float64, as the per-round code
         compares Python floats; q_i(x_i) = 0 rejects, a one-hot q has q_i(x_i) = 1."""
-        index = self.rejection_index  # [S]
         q_all, q_rows, has_q = self.drafted_q
-        draft = self.draft[index]  # [S, W]
-        p_x = self.probs[self.slot_rows[index], draft].double()  # [S, W]
+        slot_rows, draft, in_draft = self.slots  # [S, W] each
+        p_x = self.probs[slot_rows, draft].double()  # [S, W]
         q_x = torch.where(has_q.unsqueeze(1), q_all[q_rows, draft].double(), 1.0)  # [S, W]
         ratios = torch.where(q_x > 0, p_x / q_x, 0.0)  # [S, W]
-        return (self.uniforms(Stream.ACCEPT) < ratios) & self.in_draft[index]
+        return (self.uniforms(Stream.ACCEPT) < ratios) & in_draft
 
     def rejection_draws(self, n: torch.Tensor) -> torch.Tensor:
         """The rejection rounds' next tokens [S]: from the residual norm(max(0, p_n - q_n)) (p_n renormalised when it
         has no mass) after a rejection, or from p_γ, drawn at position start + n from the RESAMPLE stream."""
-        rejection, index = self.rejection, self.rejection_index  # [S]
-        n = n[index]  # [S]
+        rejection = self.rejection
         all_accepted = n == self.tensor([self.gammas[r] for r in rejection])  # [S]
         p_n = self.probs[self.tensor([self.offsets[r] for r in rejection]) + n]  # [S, V]
         q_all, q_rows, has_q = self.drafted_q
         slot = n.unsqueeze(1)  # [S, 1]
-        one_hot = torch.zeros_like(p_n).scatter_(1, self.draft[index].gather(1, slot), 1.0)  # [S, V]
+        one_hot = torch.zeros_like(p_n).scatter_(1, self.slots[1].gather(1, slot), 1.0)  # [S, V]
         q_n = q_all[q_rows.gather(1, slot).squeeze(1)]  # [S, V]
         fallback = p_n / p_n.sum(dim=-1, keepdim=True)  # [S, V]
 
@@ -195,12 +225,3 @@ class _Step:
             for i in range(self.width)
         ]
         return host_uniforms(draws, self.device).view(len(self.rejection), self.width)
-
-    def round_codes(self) -> torch.Tensor:
-        """BadLogits per round [R]: NaN or +inf in any of its rows, else a row that allows no token, else NONE."""
-        row_round = self.tensor([r for r, g in enumerate(self.gammas) for _ in range(g + 1)])  # [K]
-        kinds = torch.stack([self.codes == BadLogits.NAN_OR_POSINF, self.codes == BadLogits.ALL_NEGINF], dim=1)
-        bad_rows = torch.zeros(len(self.rounds), 2, dtype=torch.long, device=self.device)
-        bad_rows.index_add_(0, row_round, kinds.long())  # [R, 2]: its bad rows of each kind
-        neginf = torch.where(bad_rows[:, 1] > 0, int(BadLogits.ALL_NEGINF), int(BadLogits.NONE))
-        return torch.where(bad_rows[:, 0] > 0, int(BadLogits.NAN_OR_POSINF), neginf)

@@ -39,10 +39,10 @@ BAD_LOGITS_MESSAGES = {
 class RowSettings:
     """Per-row sampling settings of a batch: tensors [K] on the rows' device, and what the host knows of them."""
 
-    greedy: torch.Tensor  # [K] bool
-    temperature: torch.Tensor  # [K] float32; 1 on greedy rows (unused there)
-    top_k: torch.Tensor  # [K] long; 0 = off
-    top_p: torch.Tensor  # [K] float32; 1 = off
+    greedy: torch.Tensor | None  # [K] bool; None (as the three below) when every row is greedy
+    temperature: torch.Tensor | None  # [K] float32; 1 on greedy rows (unused there)
+    top_k: torch.Tensor | None  # [K] long; 0 = off
+    top_p: torch.Tensor | None  # [K] float32; 1 = off
     all_greedy: bool
     any_top_k: bool
     any_top_p: bool
@@ -50,20 +50,28 @@ class RowSettings:
 
     @classmethod
     def of(cls, params: Sequence[SamplingParams], device: torch.device) -> RowSettings:
-        """The settings of rows whose params are `params` (one per row), on `device`."""
+        """The settings of rows whose params are `params` (one per row), on `device` (no tensors when every row is
+        greedy: none is needed)."""
         for row_params in params:
             row_params.validate()
-        return cls(
-            greedy=torch.tensor([p.greedy for p in params], dtype=torch.bool).to(device, non_blocking=True),
-            temperature=torch.tensor([p.temperature if not p.greedy else 1.0 for p in params]).to(
-                device, non_blocking=True
-            ),
-            top_k=torch.tensor([p.top_k for p in params], dtype=torch.long).to(device, non_blocking=True),
-            top_p=torch.tensor([p.top_p for p in params]).to(device, non_blocking=True),
+        flags = dict(
             all_greedy=all(p.greedy for p in params),
             any_top_k=any(p.top_k > 0 and not p.greedy for p in params),
             any_top_p=any(p.top_p < 1 and not p.greedy for p in params),
             all_top_p=all(p.top_p < 1 for p in params if not p.greedy),
+        )
+        if flags["all_greedy"]:
+            return cls(greedy=None, temperature=None, top_k=None, top_p=None, **flags)
+
+        def on_device(values: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+        return cls(
+            greedy=on_device([p.greedy for p in params], torch.bool),
+            temperature=on_device([p.temperature if not p.greedy else 1.0 for p in params], torch.float32),
+            top_k=on_device([p.top_k for p in params], torch.long),
+            top_p=on_device([p.top_p for p in params], torch.float32),
+            **flags,
         )
 
 
