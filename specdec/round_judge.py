@@ -3,9 +3,10 @@
 `judge_rounds` gives every round exactly the Verdict that specdec/sampling.py's `sample_verdict` gives it one at a
 time (greedy, the rejection rule with q or a one-hot q, the coupled rule), each round with its own settings. The
 host checks what it knows (shapes, token ids, positions) and makes the uniforms and the Gumbel noise, which are pure
-functions of seed and position; the device computes every round's accepted count, next token and bad-logits code
-into one small tensor, which is the only value read back. (Exactly, that is, wherever torch sums a row of a batch as
-it sums the row alone, as on one CPU thread: a residual's mass may otherwise differ in its last bit.)
+functions of seed and position; the device computes every row's own target token and bad-logits code, and each
+rejection round's accepted count and draw, into one small tensor, the only value read back; greedy and coupled
+rounds then accept on the host while their drafts match the targets. (Exactly, that is, wherever torch sums a row
+of a batch as it sums the row alone, as on one CPU thread: a residual's mass may otherwise differ in its last bit.)
 """
 
 from __future__ import annotations
