@@ -27,7 +27,14 @@ from specdec.row_sampling import (
     inverse_cdf,
     joined_rows,
 )
-from specdec.sampling import NonFiniteLogitsError, SamplingParams, Stream, Verdict
+from specdec.sampling import (
+    NonFiniteLogitsError,
+    SamplingParams,
+    Stream,
+    Verdict,
+    checked_round,
+    verdict_of_target_tokens,
+)
 
 
 @dataclass(frozen=True)
@@ -42,22 +49,15 @@ class DraftRound:
 
 
 def checked_tokens(round_: DraftRound, logits: torch.Tensor) -> list[int]:
-    """The draft tokens as ints after checking the round against its logits [γ+1, V] on the host (ValueError), as
-    sample_verdict checks it."""
-    params = round_.params
-    params.validate()
-    tokens = [int(t) for t in round_.draft_tokens]
-    gamma = len(tokens)
-    if logits.ndim != 2 or logits.shape[0] != gamma + 1 or logits.shape[1] == 0:
-        raise ValueError(f"logits must have shape [γ+1, V] = [{gamma + 1}, V >= 1], got {list(logits.shape)}")
-    vocab = logits.shape[1]
-    q = round_.draft_probs
-    if q is not None and not params.coupled and tuple(q.shape) != (gamma, vocab):
-        raise ValueError(f"q must have shape [γ, V] = [{gamma}, {vocab}], got {list(q.shape)}")
-    if any(not 0 <= t < vocab for t in tokens):
-        raise ValueError(f"draft_tokens must lie in [0, {vocab}), got {tokens}")
-    if not 0 <= round_.start_position < 2**64 - gamma:
-        raise ValueError(f"start_position must lie in [0, 2**64 - γ), got {round_.start_position}")
+    """The draft tokens as ints after sample_verdict's checks of the round against its logits [γ+1, V] on the host
+    (ValueError), and what the batched judge needs besides: V >= 1 and positions that fit 64 bits."""
+    params, start = round_.params, round_.start_position
+    q = None if params.coupled else round_.draft_probs  # the coupled rule never reads q
+    tokens = checked_round(round_.draft_tokens, q, logits, params, start)
+    if logits.shape[1] == 0:
+        raise ValueError(f"logits must have V >= 1 columns, got {list(logits.shape)}")
+    if start >= 2**64 - len(tokens):
+        raise ValueError(f"start_position must lie in [0, 2**64 - γ), got {start}")
     return tokens
 
 
@@ -78,11 +78,9 @@ def judge_rounds(rounds: Sequence[DraftRound], logits: Sequence[torch.Tensor]) -
             results[index] = error
     if valid:
         step = _Step([rounds[i] for i, _ in valid], [t for _, t in valid], [logits[i] for i, _ in valid])
-        for (index, tokens), (n, next_token, code) in zip(valid, step.outcomes()):
-            if code != BadLogits.NONE:
-                results[index] = NonFiniteLogitsError(BAD_LOGITS_MESSAGES[BadLogits(code)])
-            else:
-                results[index] = Verdict(tokens[:n], next_token, is_bonus=n == len(tokens))
+        for (index, _), (verdict, code) in zip(valid, step.outcomes()):
+            bad = code != BadLogits.NONE
+            results[index] = NonFiniteLogitsError(BAD_LOGITS_MESSAGES[BadLogits(code)]) if bad else verdict
     return results
 
 
@@ -91,14 +89,6 @@ def _round_code(row_codes: Sequence[int]) -> int:
     if BadLogits.NAN_OR_POSINF in row_codes:
         return BadLogits.NAN_OR_POSINF
     return BadLogits.ALL_NEGINF if BadLogits.ALL_NEGINF in row_codes else BadLogits.NONE
-
-
-def _leading_matches(drafted: Sequence[int], target: Sequence[int]) -> int:
-    """How many drafted tokens, from the first, equal the target's own tokens at their positions."""
-    n = 0
-    while n < len(drafted) and drafted[n] == target[n]:
-        n += 1
-    return n
 
 
 class _Step:
@@ -119,10 +109,10 @@ class _Step:
         """Host values as a tensor on the step's device."""
         return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
 
-    def outcomes(self) -> list[tuple[int, int, int]]:
-        """Per round (n accepted, next token, BadLogits code), from one read of the device: every row's own target
-        token and code, and the rejection rounds' n and draws. Greedy and coupled rounds accept on the host, while
-        the drafted tokens equal the target's own."""
+    def outcomes(self) -> list[tuple[Verdict, int]]:
+        """Per round its Verdict and BadLogits code (the verdict means nothing where the code is not NONE), from one
+        read of the device: every row's own target token and code, and the rejection rounds' n and draws. Greedy
+        and coupled rounds accept on the host, while the drafted tokens equal the target's own."""
         rows = len(self.first_argmax)
         columns = [self.target_tokens(), self.codes.long()]  # [K] each
         if self.rejection:
@@ -135,10 +125,10 @@ class _Step:
         for r, (tokens, start) in enumerate(zip(self.drafts, self.offsets)):
             code = _round_code(codes[start : start + len(tokens) + 1])
             if r in judged:
-                outcomes.append((*judged[r], code))
+                n, next_token = judged[r]
+                outcomes.append((Verdict(tokens[:n], next_token, is_bonus=n == len(tokens)), code))
             else:
-                n = _leading_matches(tokens, targets[start:])
-                outcomes.append((n, targets[start + n], code))
+                outcomes.append((verdict_of_target_tokens(tokens, targets[start : start + len(tokens) + 1]), code))
         return outcomes
 
     def target_tokens(self) -> torch.Tensor:

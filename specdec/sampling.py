@@ -298,11 +298,11 @@ def rejection_sample(
     unaffected; rejecting avoids acting on an undefined ratio, and x_i keeps its target mass in the
     residual, from which the recovered token is drawn.
     """
-    tokens = _checked_round(draft_tokens, q, p, params, start_position)
+    tokens = checked_round(draft_tokens, q, p, params, start_position)
     gamma, vocab = len(tokens), p.shape[1]
     n = 0  # number of accepted tokens
     if params.greedy:
-        return _verdict_of_target_tokens(tokens, p.argmax(dim=-1).tolist())
+        return verdict_of_target_tokens(tokens, p.argmax(dim=-1).tolist())
 
     x = torch.tensor(tokens, dtype=torch.long).view(gamma, 1).to(p.device)  # [γ, 1]
     p_x = p.gather(1, x).view(gamma).tolist()  # [γ]: p_i(x_i)
@@ -333,12 +333,12 @@ def coupled_sample(
     at position start_position + i - 1, accept x_i while x_i = y_i, then emit y at the first mismatch, or
     y_{γ+1} as the bonus. Needs no q; p is [γ+1, V] from logits_to_probs. The committed tokens are the y's
     alone, so they equal plain coupled decoding's (plain_token) whatever the draft. Greedy params: argmax."""
-    tokens = _checked_round(draft_tokens, None, p, params, start_position)
+    tokens = checked_round(draft_tokens, None, p, params, start_position)
     target_tokens = coupled_tokens(p, params, start_position) if not params.greedy else p.argmax(dim=-1).tolist()
-    return _verdict_of_target_tokens(tokens, target_tokens)
+    return verdict_of_target_tokens(tokens, target_tokens)
 
 
-def _verdict_of_target_tokens(tokens: Sequence[int], target_tokens: Sequence[int]) -> Verdict:
+def verdict_of_target_tokens(tokens: Sequence[int], target_tokens: Sequence[int]) -> Verdict:
     """Accept the drafted tokens while they equal the target's own tokens [γ+1] of their positions, then emit the
     target's token (greedy, and the coupled rule)."""
     n = 0
@@ -357,7 +357,7 @@ def sample_verdict(
     return rejection_sample(draft_tokens, q, p, params, start_position)
 
 
-def _checked_round(
+def checked_round(
     draft_tokens: Sequence[int], q: torch.Tensor | None, p: torch.Tensor, params: SamplingParams, start_position: int
 ) -> list[int]:
     """The draft tokens as ints, after checking the params and the shapes of a round (ValueError)."""
