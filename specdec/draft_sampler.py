@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.row_sampling import RowSettings, batched_probs, coupled_noise, host_uniforms, inverse_cdf
+from specdec.row_sampling import RowSettings, batched_probs, coupled_noise, host_uniforms, host_values, inverse_cdf
 from specdec.sampling import SamplingParams, Stream
 
 
@@ -35,11 +35,6 @@ class RowChoice:
     probs: torch.Tensor | None  # q [V] of a sampled rejection-rule row; None when greedy or coupled
 
 
-def _device_indices(indices: Sequence[int], device: torch.device) -> torch.Tensor:
-    """Row indices as a long tensor [R] on `device`, copied there without waiting."""
-    return torch.tensor(indices, dtype=torch.long).to(device, non_blocking=True)
-
-
 def choose_rows(logits: torch.Tensor, requests: Sequence[RowRequest]) -> list[RowChoice]:
     """Each row's next token from logits [K, V], as its request says; reads the device back once.
 
@@ -54,7 +49,7 @@ def choose_rows(logits: torch.Tensor, requests: Sequence[RowRequest]) -> list[Ro
     coupled = [i for i, r in enumerate(requests) if r.params.coupled]
     kept_probs = None
     if sampled:
-        rows = _device_indices(sampled, device)  # [S]
+        rows = host_values(sampled, torch.long, device)  # [S]
         kept_probs = probs.index_select(0, rows)  # [S, V]
         uniforms = host_uniforms(
             [(requests[i].params.seed, requests[i].position, Stream.DRAFT) for i in sampled], device
@@ -63,7 +58,7 @@ def choose_rows(logits: torch.Tensor, requests: Sequence[RowRequest]) -> list[Ro
     width = min(max(r.num_alternatives for r in requests) + 1, vocab)
     ranking = logits.double() if width > 1 else None  # [K, V]: float64 holds every float logit exactly, in order
     if coupled:
-        rows = _device_indices(coupled, device)  # [C]
+        rows = host_values(coupled, torch.long, device)  # [C]
         noise = coupled_noise([(requests[i].params.seed, requests[i].position) for i in coupled], vocab, device)
         scores = probs.index_select(0, rows).double().log() + noise  # [C, V], as coupled_scores
         tokens = tokens.index_copy(0, rows, scores.argmax(dim=-1))  # [K]

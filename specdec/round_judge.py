@@ -24,6 +24,7 @@ from specdec.row_sampling import (
     batched_probs,
     coupled_noise,
     host_uniforms,
+    host_values,
     inverse_cdf,
     joined_rows,
 )
@@ -107,7 +108,7 @@ class _Step:
 
     def tensor(self, values: list, dtype: torch.dtype = torch.long) -> torch.Tensor:
         """Host values as a tensor on the step's device."""
-        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+        return host_values(values, dtype, self.device)
 
     def outcomes(self) -> list[tuple[Verdict, int]]:
         """Per round its Verdict and BadLogits code (the verdict means nothing where the code is not NONE), from one

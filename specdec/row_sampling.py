@@ -35,6 +35,11 @@ BAD_LOGITS_MESSAGES = {
 }
 
 
+def host_values(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Values made on the host, as a tensor on `device`, copied there without waiting."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
 @dataclass(frozen=True)
 class RowSettings:
     """Per-row sampling settings of a batch: tensors [K] on the rows' device, and what the host knows of them."""
@@ -63,14 +68,11 @@ class RowSettings:
         if flags["all_greedy"]:
             return cls(greedy=None, temperature=None, top_k=None, top_p=None, **flags)
 
-        def on_device(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
-
         return cls(
-            greedy=on_device([p.greedy for p in params], torch.bool),
-            temperature=on_device([p.temperature if not p.greedy else 1.0 for p in params], torch.float32),
-            top_k=on_device([p.top_k for p in params], torch.long),
-            top_p=on_device([p.top_p for p in params], torch.float32),
+            greedy=host_values([p.greedy for p in params], torch.bool, device),
+            temperature=host_values([p.temperature if not p.greedy else 1.0 for p in params], torch.float32, device),
+            top_k=host_values([p.top_k for p in params], torch.long, device),
+            top_p=host_values([p.top_p for p in params], torch.float32, device),
             **flags,
         )
 
@@ -149,7 +151,7 @@ def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 def host_uniforms(draws: Sequence[tuple[int, int, Stream]], device: torch.device) -> torch.Tensor:
     """position_uniform of each (seed, position, stream), as float64 [len(draws)] on `device`."""
     values = [position_uniform(seed, position, stream) for seed, position, stream in draws]
-    return torch.tensor(values, dtype=torch.float64).to(device, non_blocking=True)
+    return host_values(values, torch.float64, device)
 
 
 def coupled_noise(draws: Sequence[tuple[int, int]], vocab_size: int, device: torch.device) -> torch.Tensor:
