@@ -24,6 +24,7 @@ import torch
 from specdec.attention_backend import AttentionBackend
 from specdec.flex_layout import FlexLayout
 from specdec.kv_pool import KVPool
+from specdec.packed_forward import packed_logits
 
 IDS, POSITIONS, WRITE_BLOCKS, WRITE_PLACES, ROWS, KEPT = range(6)  # the rows of `staged`
 
@@ -111,12 +112,4 @@ def bucketed_logits(
     """
     layout = FlexLayout(staged[ROWS], staged[POSITIONS], tables, pool.block_size)
     step = StaticStep(pool, staged[WRITE_BLOCKS : WRITE_PLACES + 1], backend, layout)
-    no_mask = torch.empty((1, 1, 0, 0), dtype=torch.bool, device=staged.device)  # 4D: transformers builds no mask
-    output = model(
-        input_ids=staged[IDS].unsqueeze(0),
-        position_ids=staged[POSITIONS].unsqueeze(0),
-        attention_mask=no_mask,
-        use_cache=False,
-        packed_step=step,
-    )
-    return output.logits[0]  # [T, V]
+    return packed_logits(model, staged[IDS], staged[POSITIONS], step)  # [T, V]

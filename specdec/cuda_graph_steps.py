@@ -3,7 +3,7 @@
 
 At start-up every bucket's step (specdec/bucketed_step.py) runs twice eagerly (compiling its attention, allocating
 the KV pool) and is then captured; all graphs share one memory pool, captured largest first. A step whose rows each
-feed at most `max_row_tokens` tokens and that fits the largest bucket is staged into the smallest bucket that holds
+feed at most GRAPH_ROW_TOKENS tokens and that fits the largest bucket is staged into the smallest bucket that holds
 it and replayed: one launch for the whole forward instead of one per kernel. Prefills and larger steps run eagerly.
 Prepared without graphs (`capture(cuda_graphs=False)`), the buckets run eagerly from the same buffers on any device.
 """
@@ -48,11 +48,9 @@ class CudaGraphSteps:
         pool: KVPool,
         backend: AttentionBackend,
         max_tokens: int,
-        max_row_tokens: int,
         max_context: int,
     ):
         self.model, self.pool, self.backend = model, pool, backend
-        self.max_row_tokens = max_row_tokens
         self.buckets = token_buckets(max_tokens)
         self.max_blocks_per_row = pool.blocks_for(max_context)
         self.graphs: dict[int, tuple[Callable[[], object], BucketInputs, torch.Tensor]] = {}  # replay, in, out
@@ -89,7 +87,7 @@ class CudaGraphSteps:
         """Whether a step of these rows (token ids, cache, logits kept) replays a graph: no prefill, and it fits."""
         return (
             bool(self.graphs)
-            and all(len(ids) <= self.max_row_tokens for ids, _, _ in rows)
+            and all(len(ids) <= GRAPH_ROW_TOKENS for ids, _, _ in rows)
             and (sum(len(ids) for ids, _, _ in rows) <= self.buckets[-1])
         )
 

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 from specdec.attention_backend import AttentionBackend
 from specdec.attention_backends import AttentionBackendChoice, choose_attention_backend
 from specdec.cpu_lm_head import use_onednn_lm_head
-from specdec.cuda_graph_steps import GRAPH_ROW_TOKENS, CudaGraphSteps, cuda_graphs_refusal
+from specdec.cuda_graph_steps import CudaGraphSteps, cuda_graphs_refusal
 from specdec.kv_budget import block_bytes, blocks_in_budget
 from specdec.kv_pool import KVPool, SequenceKV
 from specdec.packed_forward import PACKED_ATTENTION, packed_forward
@@ -135,7 +135,6 @@ class LoadedModel:
                 self.kv_pool,
                 self.attention_backend,
                 self.settings.cuda_graph_max_tokens,
-                GRAPH_ROW_TOKENS,
                 self.max_context_tokens,
             )
             try:
@@ -217,11 +216,11 @@ class LoadedModel:
         """Runs several sequences' new tokens, each after its own cached prefix: one packed pass when the model
         packs, else one pass per row. rows: (token ids, cache, how many last positions need logits); returns
         per row float32 logits [keep, V]."""
-        if self.graph_steps is not None and self.graph_steps.serves(rows):
-            logits = self.graph_steps.forward(rows)
-            return [row_logits[:, : self.vocab_size] for row_logits in logits]
         if self.packed:
-            logits = packed_forward(self.model, rows, self.device, self.attention_backend)
+            if self.graph_steps is not None and self.graph_steps.serves(rows):
+                logits = self.graph_steps.forward(rows)
+            else:
+                logits = packed_forward(self.model, rows, self.device, self.attention_backend)
             return [row_logits[:, : self.vocab_size] for row_logits in logits]
         return forward_each_row(self.forward, rows)
 

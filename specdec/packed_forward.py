@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import AttentionInterface, PretrainedConfig
@@ -24,8 +25,10 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from specdec.attention_backend import AttentionBackend
-from specdec.bucketed_step import StaticStep
 from specdec.kv_pool import KVPool, SequenceKV
+
+if TYPE_CHECKING:
+    from specdec.bucketed_step import StaticStep
 
 PACKED_ATTENTION = "specdec_packed"
 
@@ -124,6 +127,27 @@ def packed_forward_refusal(config: PretrainedConfig) -> str | None:
     return None
 
 
+def packed_logits(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    step: PackedStep | StaticStep,
+    logits_to_keep: torch.Tensor | int = 0,
+) -> torch.Tensor:
+    """The model over a step's tokens input_ids [T] at positions [T], attending through the step; returns the logits
+    [K, V] of the tokens logits_to_keep indexes (0: all T)."""
+    no_mask = torch.empty((1, 1, 0, 0), dtype=torch.bool, device=input_ids.device)  # 4D: transformers builds none
+    output = model(
+        input_ids=input_ids.unsqueeze(0),
+        position_ids=positions.unsqueeze(0),
+        attention_mask=no_mask,
+        use_cache=False,
+        logits_to_keep=logits_to_keep,
+        packed_step=step,
+    )
+    return output.logits[0]
+
+
 @contextlib.contextmanager
 def reserved_rows(rows: Sequence[tuple[Sequence[int], SequenceKV, int]]) -> Iterator[None]:
     """Holds the pool for one pass over rows (token ids, cache, logits kept), each with blocks for its new tokens;
@@ -154,18 +178,15 @@ def packed_forward(
     """
     with reserved_rows(rows):
         step = PackedStep([PackedRow(kv, kv.length, len(ids)) for ids, kv, _ in rows], device, model.dtype, backend)
-        input_ids = torch.tensor([[t for ids, _, _ in rows for t in ids]], dtype=torch.long)  # [1, T]
+        input_ids = torch.tensor([t for ids, _, _ in rows for t in ids], dtype=torch.long)  # [T]
         keep_at = [end - keep for (_, _, keep), end in zip(rows, step.offsets[1:])]
         keep_index = torch.cat([torch.arange(at, end) for at, end in zip(keep_at, step.offsets[1:])])  # [K]
-        no_mask = torch.empty((1, 1, 0, 0), dtype=torch.bool, device=device)  # 4D: transformers builds no mask
-        output = model(
-            input_ids=input_ids.to(device, non_blocking=True),
-            position_ids=step.positions.unsqueeze(0),
-            attention_mask=no_mask,
-            use_cache=False,
-            logits_to_keep=keep_index.to(device, non_blocking=True),
-            packed_step=step,
-        )
+        logits = packed_logits(
+            model,
+            input_ids.to(device, non_blocking=True),
+            step.positions,
+            step,
+            keep_index.to(device, non_blocking=True),
+        ).float()  # [K, V]
         step.finish()
-    logits = output.logits[0].float()  # [K, V]
     return list(torch.split(logits, [keep for _, _, keep in rows]))

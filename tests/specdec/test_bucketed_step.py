@@ -11,7 +11,7 @@ from host_syncs import HostSyncCounter
 
 from specdec.attention_backends import AttentionBackendChoice
 from specdec.bucketed_step import KEPT, BucketInputs, bucketed_logits, token_buckets
-from specdec.cuda_graph_steps import GRAPH_ROW_TOKENS, CudaGraphSteps, cuda_graphs_refusal
+from specdec.cuda_graph_steps import CudaGraphSteps, cuda_graphs_refusal
 from specdec.kv_session import KVSession, run_forwards
 from specdec.model_runtime import LoadedModel, ModelSettings
 from specdec.reference_loop import speculative_generate, target_only_generate
@@ -105,9 +105,7 @@ def bucketed_pair(tiny_pair_dirs) -> tuple[LoadedModel, LoadedModel]:
     pair = []
     for directory in tiny_pair_dirs:
         model = LoadedModel.load(ModelSettings(str(directory), attention_backend=AttentionBackendChoice.FLEX))
-        steps = CudaGraphSteps(
-            model.model, model.kv_pool, model.attention_backend, 16, GRAPH_ROW_TOKENS, model.max_context_tokens
-        )
+        steps = CudaGraphSteps(model.model, model.kv_pool, model.attention_backend, 16, model.max_context_tokens)
         steps.capture(cuda_graphs=False)
         model.graph_steps = steps
         pair.append(model)
