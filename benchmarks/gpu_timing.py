@@ -13,7 +13,7 @@ step; γ+1: a verify block), repeated on the same positions so every sample sees
   (specdec/cuda_graph_steps.py), as the services run it by default on CUDA;
 - the bandwidth bound: weight bytes / the device's measured copy bandwidth, the least time a step can take.
 
-Imports only torch and transformers at module level; the project's modules load inside `project_step`.
+Imports only torch and transformers at module level; the project's modules load inside the functions that use them.
 """
 
 from __future__ import annotations
@@ -109,16 +109,10 @@ class StaticCacheStep:
 
     def captured(self) -> Step:
         """This step captured in a CUDA graph (after warm-up passes on a side stream); returns its replay."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                self()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self()
-        return graph.replay
+        from specdec.cuda_graph_steps import capture_graph
+
+        replay, _ = capture_graph(self, warmups=3)
+        return replay
 
 
 def load_project_model(model: PreTrainedModel, tokenizer, name: str):

@@ -72,7 +72,7 @@ class CudaGraphSteps:
                 return bucketed_logits(self.model, self.pool, self.backend, inputs.staged, inputs.tables)
 
             if cuda_graphs:
-                replay, logits = _captured(forward, memory_pool)
+                replay, logits = capture_graph(forward, memory_pool)
             else:
                 logits = forward()
 
@@ -106,15 +106,15 @@ class CudaGraphSteps:
         return list(torch.split(kept, [keep for _, _, keep in rows]))
 
 
-def _captured(
-    forward: Callable[[], torch.Tensor], memory_pool: tuple[int, int]
+def capture_graph(
+    forward: Callable[[], torch.Tensor], memory_pool: tuple[int, int] | None = None, warmups: int = 2
 ) -> tuple[Callable[[], None], torch.Tensor]:
-    """forward run twice on a side stream (compiling its attention, allocating the KV pool), then captured in a CUDA
-    graph in memory_pool; returns the graph's replay and the logits it writes."""
+    """forward run `warmups` times on a side stream (compiling what it compiles, allocating what it keeps), then
+    captured in a CUDA graph (in memory_pool, if given); returns the graph's replay and the output it writes."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(2):
+        for _ in range(warmups):
             forward()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
