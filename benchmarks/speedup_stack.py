@@ -1,5 +1,8 @@
-"""The speedup benchmark's gRPC stack: a draft and a verify service, each pinned to a core group of its own, and
-two coordinators on them (overlapped and sequential rounds) pinned with the draft service."""
+"""The speedup benchmark's gRPC stack: a draft and a verify service whose model threads each run on a core group of
+their own, and two coordinators on them (overlapped and sequential rounds) pinned with the draft service.
+
+The verify service's serving threads (gRPC, event loop) run on the coordinators' cores, off the verifier's, as
+a GPU deployment's host threads run off its accelerator (`--model-cpus`, docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ def start_stack(
 ) -> tuple[LocalStack, dict[str, str]]:
     """Starts the stack; returns it and the coordinators' addresses by contender name.
 
-    `pins` holds --cpus per process ("draft", "verify", "coordinator"; empty: no pinning). Both modes run on
+    `pins` holds the cores per process ("draft", "verify", "coordinator"; empty: no pinning). Both modes run on
     the very same replica processes. Processes that do not wait for each other start side by side
     (importing torch dominates start-up).
     """
@@ -24,6 +27,8 @@ def start_stack(
     )
     stack = LocalStack(target, draft)
     cpus = {name: ["--cpus", cores] for name, cores in pins.items()}
+    if pins:
+        cpus["verify"] = ["--cpus", pins["coordinator"], "--model-cpus", pins["verify"]]
     replicas = {
         "draft": ("draft_service", ["--model", draft, "--threads", str(threads), *cpus.get("draft", [])]),
         "verify": ("verify_service", ["--model", target, "--threads", str(threads), *cpus.get("verify", [])]),

@@ -202,10 +202,7 @@ def model_card(role: str, model_dir: pathlib.Path, partner_dir: pathlib.Path, me
             f"The **draft** of the stack's embedded demo pair: it proposes γ tokens that "
             f"[`{partner_dir.name}`](../{partner_dir.name}) verifies in one forward pass."
         )
-        how_trained = (
-            "Distilled from the target: loss = forward KL to the target's next-token distribution + "
-            "0.1 × corpus cross-entropy, on the same training split."
-        )
+        how_trained = f"Distilled from {training.get('distilled_from', 'the target')}."
     minutes = training.get("train_seconds", 0) / 60
     lines = [
         "---",
@@ -222,6 +219,7 @@ def model_card(role: str, model_dir: pathlib.Path, partner_dir: pathlib.Path, me
         "",
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
         f'model = AutoModelForCausalLM.from_pretrained("models/{model_dir.name}")',
         f'tokenizer = AutoTokenizer.from_pretrained("models/{model_dir.name}")',
         "```",

@@ -1,7 +1,8 @@
 """Train the embedded demo pair: tokenizer, Llama target, and a draft distilled from the target.
 
     python -m demo_pair.train all          # tokenizer, then target, then draft (resumes from checkpoints)
-    python -m demo_pair.train target --steps 900
+    python -m demo_pair.train target --target-steps 900
+    python -m demo_pair.train draft --threads 2   # the target's continuations, then the draft (~30 min)
 
 Outputs ordinary HF model directories (`models/demo-target`, `models/demo-draft`) plus a `training.json`
 beside each with the figures the model card quotes. Checkpoints live in `--work-dir` so a run can resume.
@@ -15,6 +16,7 @@ import math
 import pathlib
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -23,6 +25,13 @@ from tokenizers import ByteLevelBPETokenizer
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from demo_pair.corpus import load_split
+from demo_pair.draft_distillation import (
+    GREEDY_TOKEN_WEIGHT,
+    SAMPLED_TOKEN_WEIGHT,
+    draft_from_target,
+    sequence_distillation_loss,
+)
+from demo_pair.target_outputs import TOP_K, generate_target_outputs
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 EOS = "<|endoftext|>"
@@ -55,9 +64,14 @@ class Shape:
 
 
 # Deep and narrow: on CPU a step's cost is mostly per-layer work, so depth buys a target expensive enough per
-# token for speculation to pay while the fp16 weights of both models stay under 48 MB.
+# token for speculation to pay while the fp16 weights of both models stay under 64 MB.
 TARGET_SHAPE = Shape(hidden_size=256, num_hidden_layers=24, intermediate_size=688, num_attention_heads=4)
-DRAFT_SHAPE = Shape(hidden_size=192, num_hidden_layers=1, intermediate_size=512, num_attention_heads=3)
+# The draft shares the target's width so it can start from the target's bottom layers (draft_distillation.py).
+DRAFT_SHAPE = Shape(hidden_size=256, num_hidden_layers=2, intermediate_size=688, num_attention_heads=4)
+TARGET_OUTPUT_BATCHES = 48  # of 64 continuations of 128 tokens
+
+
+BatchLoss = Callable[[LlamaForCausalLM, torch.Generator], torch.Tensor]  # (model, sampling generator) -> loss
 
 
 @dataclass(frozen=True)
@@ -122,16 +136,25 @@ def learning_rate(step: int, settings: RunSettings) -> float:
     return settings.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def corpus_loss(train_stream: torch.Tensor, settings: RunSettings) -> BatchLoss:
+    """Next-token cross-entropy on random windows of the corpus."""
+
+    def loss(model: LlamaForCausalLM, generator: torch.Generator) -> torch.Tensor:
+        batch = random_windows(train_stream, settings.batch_size, settings.seq_len, generator)  # [B, T+1]
+        logits = model(input_ids=batch[:, :-1]).logits  # [B, T, V]
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
+
+    return loss
+
+
 def train(
     name: str,
     student: LlamaForCausalLM,
     settings: RunSettings,
-    train_stream: torch.Tensor,
-    eval_windows: torch.Tensor,
+    batch_loss: BatchLoss,
     work_dir: pathlib.Path,
-    teacher: LlamaForCausalLM | None = None,
 ) -> dict:
-    """Train `student` on the corpus (teacher None) or distil it from `teacher`'s logits; resumable."""
+    """Train `student` by descending `batch_loss`, checkpointing to work_dir; resumable."""
     optimizer = torch.optim.AdamW(student.parameters(), lr=settings.learning_rate, betas=(0.9, 0.95), weight_decay=0.1)
     generator = torch.Generator().manual_seed(settings.seed)
     checkpoint_path = work_dir / f"{name}-checkpoint.pt"
@@ -149,17 +172,7 @@ def train(
     for step in range(start_step, settings.steps):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, settings)
-        batch = random_windows(train_stream, settings.batch_size, settings.seq_len, generator)  # [B, T+1]
-        inputs = batch[:, :-1]  # [B, T]
-        logits = student(input_ids=inputs).logits  # [B, T, V]
-        ce = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
-        if teacher is None:
-            loss = ce
-        else:
-            with torch.no_grad():
-                teacher_logp = F.log_softmax(teacher(input_ids=inputs).logits.float(), dim=-1)  # [B, T, V]
-            kl = F.kl_div(F.log_softmax(logits.float(), dim=-1), teacher_logp, log_target=True, reduction="none")
-            loss = kl.sum(-1).mean() + 0.1 * ce
+        loss = batch_loss(student, generator)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
         optimizer.step()
@@ -221,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--draft-dir", type=pathlib.Path, default=REPO_ROOT / "models" / "demo-draft")
     parser.add_argument("--work-dir", type=pathlib.Path, default=REPO_ROOT / ".demo_pair_work")
     parser.add_argument("--target-steps", type=int, default=600)
-    parser.add_argument("--draft-steps", type=int, default=600)
+    parser.add_argument("--draft-steps", type=int, default=900)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -229,9 +242,12 @@ def main(argv: list[str] | None = None) -> None:
     args.work_dir.mkdir(parents=True, exist_ok=True)
     tokenizer_dir = args.work_dir / "tokenizer"
 
-    if args.stage == "tokenizer" or not (tokenizer_dir / "tokenizer.json").exists():  # training it is deterministic
-        train_tokenizer(tokenizer_dir)
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
+    if args.stage == "draft":  # the draft uses the trained target's tokenizer
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(args.target_dir)
+    else:
+        if args.stage == "tokenizer" or not (tokenizer_dir / "tokenizer.json").exists():  # training is deterministic
+            train_tokenizer(tokenizer_dir)
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
     train_stream, eval_stream = encode_split(tokenizer, False), encode_split(tokenizer, True)
     print(
         f"corpus: {len(train_stream)} train tokens, {len(eval_stream)} held-out tokens "
@@ -256,25 +272,42 @@ def main(argv: list[str] | None = None) -> None:
             seed=1,
         )
         target = LlamaForCausalLM(TARGET_SHAPE.config(tokenizer))
-        stats = train("target", target, settings, train_stream, eval_windows, args.work_dir)
+        stats = train("target", target, settings, corpus_loss(train_stream, settings), args.work_dir)
         save_model(
             target, tokenizer, args.target_dir, {**corpus_stats, **stats, "shape": asdict(TARGET_SHAPE)}, eval_windows
         )
 
     if args.stage in ("draft", "all"):
         teacher = LlamaForCausalLM.from_pretrained(args.target_dir, dtype=torch.float32).eval()
+        outputs = generate_target_outputs(
+            teacher,
+            train_stream,
+            batches=TARGET_OUTPUT_BATCHES,
+            batch_size=64,
+            new_tokens=128,
+            eos_id=tokenizer.eos_token_id,
+            seed=3,
+            cache_path=args.work_dir / "target-outputs.pt",
+        )
         settings = RunSettings(
             steps=args.draft_steps,
-            batch_size=8,
-            seq_len=256,
-            learning_rate=3e-3,
-            warmup_steps=30,
+            batch_size=16,
+            seq_len=128,
+            learning_rate=1e-3,
+            warmup_steps=20,
             checkpoint_every=50,
             seed=2,
         )
-        draft = LlamaForCausalLM(DRAFT_SHAPE.config(tokenizer))
-        stats = train("draft", draft, settings, train_stream, eval_windows, args.work_dir, teacher=teacher)
-        stats["distilled_from"] = "demo-target (forward KL to the target's logits + 0.1 x corpus cross-entropy)"
+        draft = draft_from_target(teacher, DRAFT_SHAPE.config(tokenizer))
+        loss = sequence_distillation_loss(outputs, settings.batch_size)
+        stats = train("draft", draft, settings, loss, args.work_dir)
+        stats["distilled_from"] = (
+            f"demo-target: started from its embeddings and bottom {DRAFT_SHAPE.num_hidden_layers} layers, trained on "
+            f"its own continuations ({outputs.continuation_tokens():,} tokens, two thirds greedy, one third sampled at "
+            f"temperature 1): cross-entropy to its distribution coarsened to the top {TOP_K} tokens and the rest, plus "
+            f"cross-entropy on its tokens, weight {SAMPLED_TOKEN_WEIGHT} where sampled and {GREEDY_TOKEN_WEIGHT} where "
+            "greedy"
+        )
         save_model(
             draft, tokenizer, args.draft_dir, {**corpus_stats, **stats, "shape": asdict(DRAFT_SHAPE)}, eval_windows
         )

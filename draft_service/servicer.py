@@ -43,6 +43,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             on_step,
             service.settings.max_batch_wait_ms / 1000,
             joining_fns=joining,
+            thread_cpus=service.settings.model_thread_cpus(),
         )
         model = service.model
         wait_s = service.settings.kv_admission_wait_ms / 1000

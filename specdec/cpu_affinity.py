@@ -21,13 +21,13 @@ class CpuAffinitySettings:
     )
 
 
-def parse_cpus(spec: str) -> set[int]:
-    """'0,2-3' -> {0, 2, 3}; ValueError naming `cpus` when malformed."""
+def parse_cpus(spec: str, field: str = "cpus") -> set[int]:
+    """'0,2-3' -> {0, 2, 3}; ValueError naming `field` when malformed."""
     cores: set[int] = set()
     for part in spec.split(","):
         first, dash, last = part.strip().partition("-")
         if not first.isdigit() or (dash and not last.isdigit()) or (dash and int(last) < int(first)):
-            raise ValueError(f"cpus: {spec!r} is not a list of cores like '0,2-3'")
+            raise ValueError(f"{field}: {spec!r} is not a list of cores like '0,2-3'")
         cores.update(range(int(first), int(last if dash else first) + 1))
     return cores
 

@@ -1,10 +1,12 @@
-"""How a model service runs its passes: the attention backend and CUDA graphs (a base of each one's settings)."""
+"""How a model service runs its passes: the attention backend, CUDA graphs and the model thread's CPU cores (a base
+of each one's settings)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from specdec.attention_backends import AttentionBackendChoice
+from specdec.cpu_affinity import parse_cpus
 from specdec.settings import setting
 
 
@@ -23,3 +25,12 @@ class ExecutionSettings:
         "(--no-cuda-graphs runs every step eagerly)",
     )
     cuda_graph_max_tokens: int = setting(256, "largest step (tokens over all its rows) replayed from a CUDA graph")
+    model_cpus: str = setting(
+        "",
+        "CPU cores the model thread (and the torch threads it starts) runs on, e.g. '1'; with --cpus naming other "
+        "cores, the serving threads (gRPC, event loop) stay off the model's cores (empty: the service's --cpus)",
+    )
+
+    def model_thread_cpus(self) -> frozenset[int]:
+        """--model-cpus as a set of cores (empty: the thread keeps the process's)."""
+        return frozenset(parse_cpus(self.model_cpus, "model_cpus")) if self.model_cpus else frozenset()

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 import time
@@ -138,6 +139,7 @@ class StepBatcher:
         on_step: Callable[[str, int], None] | None = None,
         max_wait_s: float = 0.0,
         joining_fns: Mapping[str, JoiningFn] | None = None,
+        thread_cpus: frozenset[int] = frozenset(),
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -153,6 +155,7 @@ class StepBatcher:
         self._held: dict[object, list[_Call]] = {}  # per session the follow-ups waiting for a call of it to run
         self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._carried: list[_Call] = []  # calls a joining step took off the queue but left for the next drain
+        self._thread_cpus = thread_cpus  # cores the worker (and the torch threads it starts) runs on; empty: inherited
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
@@ -197,6 +200,8 @@ class StepBatcher:
         return future
 
     def _work(self) -> None:
+        if self._thread_cpus:
+            os.sched_setaffinity(0, self._thread_cpus)  # 0: this thread only, not the process
         while True:
             chosen, self._chosen = self._chosen, []  # they queue behind the calls that arrived before them
             calls, self._carried = self._carried, []

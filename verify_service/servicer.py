@@ -55,6 +55,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             "verify-model",
             on_step,
             service.settings.max_batch_wait_ms / 1000,
+            thread_cpus=service.settings.model_thread_cpus(),
         )
         self._ranks_failed = asyncio.Event()
         model = service.model
