@@ -26,12 +26,12 @@ def start_stack(
         f"starting the gRPC stack ({where}, {threads} thread(s) each, coordinators with --overlap and --no-overlap) ..."
     )
     stack = LocalStack(target, draft)
-    cpus = {name: ["--cpus", cores] for name, cores in pins.items()}
-    if pins:
-        cpus["verify"] = ["--cpus", pins["coordinator"], "--model-cpus", pins["verify"]]
+    draft_cpus = ["--cpus", pins["draft"]] if pins else []
+    verify_cpus = ["--cpus", pins["coordinator"], "--model-cpus", pins["verify"]] if pins else []
+    coordinator_cpus = ["--cpus", pins["coordinator"]] if pins else []
     replicas = {
-        "draft": ("draft_service", ["--model", draft, "--threads", str(threads), *cpus.get("draft", [])]),
-        "verify": ("verify_service", ["--model", target, "--threads", str(threads), *cpus.get("verify", [])]),
+        "draft": ("draft_service", ["--model", draft, "--threads", str(threads), *draft_cpus]),
+        "verify": ("verify_service", ["--model", target, "--threads", str(threads), *verify_cpus]),
     }
     try:
         _start_together(stack, replicas)
@@ -43,7 +43,7 @@ def start_stack(
             "--verify-replicas",
             stack.services["verify"].address,
             "--no-adaptive-gamma",  # every round drafts the γ under test
-            *cpus.get("coordinator", []),
+            *coordinator_cpus,
         ]
         _start_together(
             stack,

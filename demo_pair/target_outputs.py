@@ -60,9 +60,10 @@ def continue_batch(
     logits = torch.stack(out.logits, dim=1).float()  # [B, C, V]
     top = torch.log_softmax(logits, dim=-1).topk(TOP_K, dim=-1)
     continuation = out.sequences[:, prompts.shape[1] :]  # [B, C]
-    ended_before = (continuation == eos_id).long().cumsum(dim=1) - (continuation == eos_id).long()  # [B, C]
+    is_eos = (continuation == eos_id).long()  # [B, C]
+    valid = is_eos.cumsum(dim=1) - is_eos == 0  # [B, C]: no end of text before this position
     sampled = torch.full((len(prompts),), not greedy)
-    return out.sequences, top.values.half(), top.indices.short(), ended_before == 0, sampled
+    return out.sequences, top.values.half(), top.indices.short(), valid, sampled
 
 
 def generate_target_outputs(
