@@ -1,8 +1,11 @@
 """The speedup benchmark's gRPC stack: a draft and a verify service whose model threads each run on a core group of
 their own, and two coordinators on them (overlapped and sequential rounds) pinned with the draft service.
 
-The verify service's serving threads (gRPC, event loop) run on the coordinators' cores, off the verifier's, as
-a GPU deployment's host threads run off its accelerator (`--model-cpus`, docs/operations.md)."""
+The verify service's passes run in a model process of their own on the verifier's cores (`--model-process`), and
+its serving threads (gRPC, event loop) on the coordinators' cores, as a GPU deployment's host threads run off its
+accelerator (`--model-cpus`, docs/operations.md). The draft service's short passes run in its own process: a
+round trip to a model process per pass would cost them more than the serving threads do.
+"""
 
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ def start_stack(
     coordinator_cpus = ["--cpus", pins["coordinator"]] if pins else []
     replicas = {
         "draft": ("draft_service", ["--model", draft, "--threads", str(threads), *draft_cpus]),
-        "verify": ("verify_service", ["--model", target, "--threads", str(threads), *verify_cpus]),
+        "verify": ("verify_service", ["--model", target, "--threads", str(threads), *verify_cpus, "--model-process"]),
     }
     try:
         _start_together(stack, replicas)

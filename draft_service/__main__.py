@@ -10,6 +10,7 @@ from draft_service.service import DraftService
 from draft_service.servicer import DrafterServicer
 from draft_service.settings import DraftSettings
 from specdec.cpu_affinity import pin_cpus
+from specdec.model_process import ModelProcess, serving_model
 from specdec.model_runtime import LoadedModel, ModelSettings
 from specdec.serving import configure_logging, start_server, wait_for_termination
 from specdec.settings import parse_settings
@@ -24,7 +25,7 @@ log = logging.getLogger("draft_service")
 def build_service(settings: DraftSettings) -> DraftService:
     """Loads the draft model (if any) and wraps it in a DraftService."""
     if settings.model:
-        model = LoadedModel.load(ModelSettings.of(settings))
+        model = serving_model(LoadedModel.load(ModelSettings.of(settings)), settings)
         return DraftService(settings, model, model.vocab_size)
     if settings.vocab_size <= 0:
         raise SystemExit("a model-free draft service needs --vocab-size (the target's vocabulary size)")
@@ -50,6 +51,8 @@ async def serve(settings: DraftSettings) -> None:
     finally:
         expiry.cancel()
         servicer.close()
+        if isinstance(model, ModelProcess):
+            model.close()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -31,6 +31,12 @@ class ExecutionSettings:
         "cores, the serving threads (gRPC, event loop) stay off the model's cores (empty: the service's --cpus)",
     )
 
+    model_process: bool = setting(
+        False,
+        "run the model's passes in a process of its own (weights and keys/values there, block tables here), so the "
+        "serving threads never hold a pass up (packed models on one rank; docs/architecture.md, 'The model process')",
+    )
+
     def model_thread_cpus(self) -> frozenset[int]:
         """--model-cpus as a set of cores (empty: the thread keeps the process's)."""
         return frozenset(parse_cpus(self.model_cpus, "model_cpus")) if self.model_cpus else frozenset()

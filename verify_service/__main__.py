@@ -10,6 +10,7 @@ import asyncio
 import sys
 
 from specdec.cpu_affinity import pin_cpus
+from specdec.model_process import ModelProcess, serving_model
 from specdec.model_runtime import LoadedModel, ModelSettings
 from specdec.serving import RunningServer, configure_logging, start_server, wait_for_termination
 from specdec.settings import parse_settings
@@ -31,7 +32,7 @@ async def serve(settings: VerifySettings) -> None:
         ranks = TensorParallelLeader.start(settings, make_launcher(settings))
         model = ranks.model
     else:
-        model = LoadedModel.load(ModelSettings.of(settings))
+        model = serving_model(LoadedModel.load(ModelSettings.of(settings)), settings)
     servicer = VerifierServicer(
         VerifyService(settings, model, ranks, observe_verify_pass), settings.tensor_parallel_size, observe_batch
     )
@@ -55,6 +56,8 @@ async def serve(settings: VerifySettings) -> None:
         servicer.close()
         if ranks is not None:
             ranks.close()
+        if isinstance(model, ModelProcess):
+            model.close()
 
 
 async def _stop_serving(running: RunningServer, servicer: VerifierServicer) -> None:

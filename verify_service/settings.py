@@ -85,3 +85,5 @@ class VerifySettings(
             )
         if self.tp_timeout_s <= 0 or self.tp_start_timeout_s <= 0:
             raise ValueError("tp_timeout_s and tp_start_timeout_s must be > 0")
+        if self.model_process and self.tensor_parallel_size > 1:
+            raise ValueError("model_process runs one rank's passes; tensor_parallel_size > 1 runs its ranks already")

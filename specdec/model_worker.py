@@ -1,0 +1,99 @@
+"""The model process's side of a service whose passes run in a process of their own (specdec/model_process.py).
+
+The serving process keeps every block table and decides every allocation, copy and rollback; this process holds
+the weights and the keys/values, and runs each pass it is sent on the blocks it is told, answering with the
+logits. It has one thread (and torch's), so no serving thread ever waits for its interpreter lock, nor it for
+theirs (docs/architecture.md, "The model process").
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import numpy as np
+import torch
+
+from specdec.kv_pool import KVPool, SequenceKV
+from specdec.model_runtime import LoadedModel, ModelSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RowOrder:
+    """One row of a pass: its block table, the positions it holds, its new tokens, how many last rows need logits."""
+
+    table: tuple[int, ...]
+    start: int
+    token_ids: tuple[int, ...]
+    logit_rows: int
+
+
+@dataclass(frozen=True)
+class PassOrder:
+    """One packed pass: the block copies made since the last one (copy-on-write of forked sequences), in order,
+    the pool's block count, then the rows."""
+
+    copies: tuple[tuple[int, int], ...]  # (source block, target block)
+    allocated_blocks: int
+    rows: tuple[RowOrder, ...]
+
+
+class BlockTableView(SequenceKV):
+    """A row's blocks as the serving process holds them: read by a pass, never reserving or freeing any here."""
+
+    def __init__(self, pool: KVPool, table: Sequence[int], length: int):  # no finalizer: the blocks are not ours
+        self.pool = pool
+        self.table = list(table)
+        self.length = length
+
+    def reserve(self, length: int) -> None:
+        """The serving process reserved them already."""
+
+    def trim(self) -> None:
+        """The serving process frees blocks."""
+
+
+def run_pass(model: LoadedModel, order: PassOrder, logits_out: torch.Tensor) -> int | np.ndarray:
+    """Applies the order's copies and runs its rows. Their float32 logits [K, V] (K: the rows' logit_rows) go into
+    logits_out [capacity, V] when they fit (returns K), else come back as an array."""
+    pool = model.kv_pool
+    pool.allocated_blocks = order.allocated_blocks
+    for source, target in order.copies:
+        pool.copy_block(source, target)
+    rows = [(row.token_ids, BlockTableView(pool, row.table, row.start), row.logit_rows) for row in order.rows]
+    logits = torch.cat(model.forward_rows(rows))  # [K, V]
+    if logits.shape[0] > logits_out.shape[0]:
+        return logits.cpu().numpy()
+    logits_out[: logits.shape[0]].copy_(logits)
+    return logits.shape[0]
+
+
+def serve_passes(
+    settings: ModelSettings, cpus: frozenset[int], logits_out: torch.Tensor, connection: Connection
+) -> None:
+    """The model process: loads the model, says ("ready", packed), then answers each PassOrder with ("ok", what
+    run_pass returns) or ("error", why) until the serving process closes its end."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s model-process %(levelname)s %(message)s")
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    try:
+        model = LoadedModel.load(settings)
+    except Exception as error:  # noqa: BLE001 - told to the serving process, which fails its start
+        connection.send(("error", f"loading {settings.model!r} failed: {error!r}"))
+        return
+    connection.send(("ready", model.packed))
+    while True:
+        try:
+            order = connection.recv()
+        except EOFError:  # the serving process is gone or closed us
+            return
+        try:
+            connection.send(("ok", run_pass(model, order, logits_out)))
+        except Exception as error:  # noqa: BLE001 - that pass fails, the process serves on
+            log.exception("pass failed")
+            connection.send(("error", repr(error)))

@@ -1,0 +1,69 @@
+"""The stack with both services' passes in model processes (--model-process): the same tokens as in process."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+
+import pytest
+
+from specdec.client import Client
+from specdec.local_stack import LocalStack
+from specdec.model_runtime import LoadedModel, ModelSettings
+from specdec.reference_loop import speculative_generate, target_only_generate
+from specdec.sampling import SamplingParams, SamplingRule
+from verify_service.settings import VerifySettings
+
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def client(tiny_pair_dirs):
+    target_dir, draft_dir = tiny_pair_dirs
+    passes = ["--model-process"]
+    with (
+        LocalStack(str(target_dir), str(draft_dir), passes, passes, ["--no-adaptive-gamma"]) as stack,
+        Client(stack.address, timeout_s=60) as running,
+    ):
+        yield running
+
+
+@pytest.fixture(scope="module")
+def models(tiny_pair_dirs):
+    target_dir, draft_dir = tiny_pair_dirs
+    return LoadedModel.load(ModelSettings(str(target_dir))), LoadedModel.load(ModelSettings(str(draft_dir)))
+
+
+def _prompts(count: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 64) for _ in range(rng.randint(2, 30))] for _ in range(count)]
+
+
+def test_concurrent_greedy_requests_are_token_identical_to_target_only(client, models):
+    """Plain and speculative requests at once: batched passes, lane forks (copy-on-write) and rollbacks."""
+    target, _ = models
+    prompts = _prompts(8, seed=1)
+    expected = [target_only_generate(target, prompt, SamplingParams(), MAX_NEW).token_ids for prompt in prompts]
+    gammas = [0, 1, 4, 6]
+
+    def generate(index: int):
+        return client.generate(prompts[index], max_new_tokens=MAX_NEW, num_speculative_tokens=gammas[index % 4])
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(generate, range(len(prompts))))
+    assert [list(reply.token_ids) for reply in replies] == expected
+
+
+def test_seeded_sampled_requests_equal_the_in_process_reference(client, models):
+    target, draft = models
+    for seed in range(3):
+        prompt = _prompts(1, seed=100 + seed)[0]
+        params = SamplingParams(temperature=1.0, top_k=20, seed=seed, rule=SamplingRule.COUPLED)
+        expected = speculative_generate(target, draft, prompt, 3, params, MAX_NEW).token_ids
+        kwargs = dict(max_new_tokens=MAX_NEW, temperature=1.0, top_k=20, seed=seed, num_speculative_tokens=3)
+        assert list(client.generate(prompt, **kwargs).token_ids) == expected
+
+
+def test_tensor_parallel_ranks_refuse_a_model_process_naming_it():
+    with pytest.raises(ValueError, match="model_process"):
+        VerifySettings(model_process=True, tensor_parallel_size=2)

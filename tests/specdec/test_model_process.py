@@ -1,0 +1,80 @@
+"""--model-process: a model's passes run in a process of their own, with the same logits as in this one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.kv_session import KVSession, run_forwards
+from specdec.model_process import LOGIT_ROWS_SHARED, ModelProcess, ModelProcessError
+from specdec.model_runtime import LoadedModel, ModelSettings
+
+
+@pytest.fixture(scope="module")
+def models(tiny_pair_dirs):
+    """(the target in this process, the target through a model process)."""
+    settings = ModelSettings(str(tiny_pair_dirs[0]))
+    remote = ModelProcess.start(LoadedModel.load(settings))
+    yield LoadedModel.load(settings), remote
+    remote.close()
+
+
+def _decode(model, prompt, steps):
+    """Greedy tokens and every step's logits [1, V] from a KVSession on `model`."""
+    session = KVSession(model, prompt)
+    session.prefill()
+    tokens, logits = [], []
+    row = session.extend(score_previous=True)[-1:]
+    for _ in range(steps):
+        logits.append(row)
+        tokens.append(int(row.argmax()))
+        row = session.extend([tokens[-1]], score_previous=False)
+    return tokens, torch.cat(logits)
+
+
+def test_passes_in_the_model_process_give_this_process_logits(models):
+    local, remote = models
+    local_tokens, local_logits = _decode(local, [1, 5, 9, 3], 12)
+    remote_tokens, remote_logits = _decode(remote, [1, 5, 9, 3], 12)
+    assert remote_tokens == local_tokens
+    torch.testing.assert_close(remote_logits, local_logits, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_rows_rollback_and_forks_match(models):
+    """Several sessions in one pass, a rollback, and forks whose first writes copy shared blocks."""
+    results = []
+    for model in models:
+        first, second = KVSession(model, list(range(1, 40))), KVSession(model, [7, 8])
+        run_forwards([first.plan_prefill(), second.plan_prefill()])
+        first.truncate(30)  # back into a block the fork will share
+        twin = first.fork()
+        logits = run_forwards([first.plan_extend([4, 4]), twin.plan_extend([9]), second.plan_extend([3, 2, 1])])
+        logits += [twin.extend([5, 6]), first.extend([2], score_previous=False)]
+        results.append(logits)
+    for local, remote in zip(*results):
+        torch.testing.assert_close(remote, local, rtol=1e-5, atol=1e-5)
+
+
+def test_a_gone_model_process_fails_the_pass_saying_so(tiny_pair_dirs):
+    remote = ModelProcess.start(LoadedModel.load(ModelSettings(str(tiny_pair_dirs[0]))))
+    session = KVSession(remote, [1, 2, 3])
+    remote.close()
+    with pytest.raises(ModelProcessError, match="gone"):
+        session.extend([4])
+    assert session.cached_len == 0  # the failed pass grew nothing
+
+
+def test_a_pass_with_more_logit_rows_than_shared_memory_holds_comes_down_the_pipe(models):
+    local, remote = models
+    prompt = [1 + i % 60 for i in range(LOGIT_ROWS_SHARED + 20)]
+    expected = KVSession(local, [1]).extend(prompt)
+    got = KVSession(remote, [1]).extend(prompt)
+    assert got.shape[0] > LOGIT_ROWS_SHARED
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_that_runs_one_sequence_per_pass_is_refused(tiny_pair_dirs):
+    model = LoadedModel.load(ModelSettings(str(tiny_pair_dirs[0])))
+    model.use_cached_forward("eager")
+    with pytest.raises(ValueError, match="packed"):
+        ModelProcess.start(model)
