@@ -46,6 +46,9 @@ async def serve(settings: DraftSettings) -> None:
             credentials=server_credentials(settings),
             health_port=settings.health_port,
         )
+        if isinstance(model, ModelProcess):  # gone: its passes fail UNAVAILABLE, health NOT_SERVING
+            loop = asyncio.get_running_loop()
+            model.on_exit(lambda code: asyncio.run_coroutine_threadsafe(running.set_serving(False), loop))
         print(f"draft service listening on port {running.port}", flush=True)
         await wait_for_termination(running, settings.grace_s)
     finally:

@@ -12,13 +12,15 @@ no lock.
 from __future__ import annotations
 
 import logging
+import multiprocessing.connection
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.multiprocessing
 
+from specdec.errors import DownstreamUnavailableError
 from specdec.execution_settings import ExecutionSettings
 from specdec.kv_pool import KVPool, SequenceKV
 from specdec.model_runtime import LoadedModel
@@ -27,11 +29,13 @@ from specdec.packed_forward import reserved_rows
 
 log = logging.getLogger(__name__)
 
-LOGIT_ROWS_SHARED = 64  # logit rows a pass hands back through shared memory; a pass with more sends them down the pipe
-
 
 class ModelProcessError(RuntimeError):
-    """The model process failed a pass, or is gone."""
+    """The model process failed a pass (INTERNAL)."""
+
+
+class ModelProcessGoneError(DownstreamUnavailableError):
+    """The model process has exited (UNAVAILABLE): killed, out of memory."""
 
 
 class CopyRecordingPool(KVPool):
@@ -67,8 +71,9 @@ class ModelProcess:
         self.kv_pool = CopyRecordingPool(model.kv_pool)
         self._process = process
         self._connection = connection
-        self._logits_in = logits_in  # [LOGIT_ROWS_SHARED, V], shared with the model process
+        self._logits_in = logits_in  # [rows, V], the model process's SharedLogits buffer
         self._lock = threading.Lock()  # one pass in flight
+        self._closing = False
 
     @classmethod
     def start(cls, model: LoadedModel, cpus: frozenset[int] = frozenset(), timeout_s: float = 600) -> ModelProcess:
@@ -76,11 +81,10 @@ class ModelProcess:
         drops this process's copy of the weights."""
         if not model.packed:
             raise ValueError(f"--model-process needs a packed model; {model.settings.model}: {model.unpacked_reason}")
-        context = torch.multiprocessing.get_context("spawn")  # shares the logits buffer's memory
+        context = torch.multiprocessing.get_context("spawn")  # tensors in shared memory travel over its pipes
         ours, theirs = context.Pipe()
-        logits_in = torch.empty((LOGIT_ROWS_SHARED, model.vocab_size)).share_memory_()  # [rows, V]
         process = context.Process(
-            target=serve_passes, args=(model.settings, cpus, logits_in, theirs), name="model-process", daemon=True
+            target=serve_passes, args=(model.settings, cpus, theirs), name="model-process", daemon=True
         )
         started = time.perf_counter()
         process.start()
@@ -90,12 +94,12 @@ class ModelProcess:
             process.kill()
             raise ModelProcessError(f"the model process did not load {model.settings.model} within {timeout_s:g}s")
         status, detail = ours.recv()
-        if status != "ready" or detail is not True:
+        if status != "ready":
             process.kill()
             raise ModelProcessError(f"the model process did not start: {detail}")
         log.info("model process ready in %.1fs", time.perf_counter() - started)
         model.model.to("meta")  # the weights live in the model process only
-        return cls(model, process, ours, logits_in)
+        return cls(model, process, ours, detail)
 
     def new_cache(self) -> SequenceKV:
         """An empty sequence in the block-table pool."""
@@ -119,19 +123,33 @@ class ModelProcess:
             self._connection.send(order)
             status, detail = self._connection.recv()
         except (EOFError, OSError) as error:
-            raise ModelProcessError(f"the model process is gone (exit code {self._process.exitcode})") from error
+            raise ModelProcessGoneError(f"the model process is gone (exit code {self._process.exitcode})") from error
         if status != "ok":
             raise ModelProcessError(f"the model process failed the pass: {detail}")
-        if isinstance(detail, int):
-            return self._logits_in[:detail].clone()  # the next pass overwrites the buffer
-        return torch.from_numpy(detail)
+        rows, grown = detail
+        if grown is not None:
+            self._logits_in = grown
+        return self._logits_in[:rows].clone()  # the next pass overwrites the buffer
 
     def forward(self, input_ids: torch.Tensor, cache: SequenceKV) -> torch.Tensor:
         """input_ids [1, T] after the cached prefix -> float32 logits [T, V]."""
         return self.forward_rows([(input_ids[0].tolist(), cache, input_ids.shape[1])])[0]
 
+    def on_exit(self, callback: Callable[[int | None], None]) -> None:
+        """Calls callback(exit code) from a monitor thread if the model process ends before `close` (killed, out of
+        memory): the service then stops serving instead of failing every call."""
+
+        def watch() -> None:
+            multiprocessing.connection.wait([self._process.sentinel])
+            if not self._closing:
+                log.error("the model process exited with %s; the service stops serving", self._process.exitcode)
+                callback(self._process.exitcode)
+
+        threading.Thread(target=watch, name="model-process-monitor", daemon=True).start()
+
     def close(self) -> None:
         """Ends the model process (it exits when its pipe closes)."""
+        self._closing = True
         self._connection.close()
         self._process.join(10)
         if self._process.is_alive():

@@ -14,13 +14,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-import numpy as np
 import torch
+import torch.multiprocessing  # noqa: F401 - registers how tensors in shared memory travel over a pipe
 
 from specdec.kv_pool import KVPool, SequenceKV
 from specdec.model_runtime import LoadedModel, ModelSettings
 
 log = logging.getLogger(__name__)
+
+SHARED_LOGIT_ROWS = 64  # logit rows the shared buffer holds at first; a pass with more grows it
 
 
 @dataclass(frozen=True)
@@ -58,35 +60,50 @@ class BlockTableView(SequenceKV):
         """The serving process frees blocks."""
 
 
-def run_pass(model: LoadedModel, order: PassOrder, logits_out: torch.Tensor) -> int | np.ndarray:
-    """Applies the order's copies and runs its rows. Their float32 logits [K, V] (K: the rows' logit_rows) go into
-    logits_out [capacity, V] when they fit (returns K), else come back as an array."""
+class SharedLogits:
+    """Shared memory the model process writes each pass's float32 logits [K, V] into, for the serving process to
+    read; a pass with more rows than it holds grows it, and the new one is handed over with that pass's answer."""
+
+    def __init__(self, rows: int, vocab: int):
+        self.buffer = torch.empty((rows, vocab)).share_memory_()  # [rows, V]
+
+    def put(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """Writes logits [K, V] at the buffer's start; returns the buffer if it had to grow for them, else None."""
+        grown = None
+        if logits.shape[0] > self.buffer.shape[0]:
+            rows = max(2 * self.buffer.shape[0], logits.shape[0])
+            self.buffer = grown = torch.empty((rows, logits.shape[1])).share_memory_()
+        self.buffer[: logits.shape[0]].copy_(logits)
+        return grown
+
+
+def run_pass(model: LoadedModel, order: PassOrder, logits_out: SharedLogits) -> tuple[int, torch.Tensor | None]:
+    """Applies the order's copies and runs its rows; puts their logits [K, V] (K: the rows' logit_rows) in
+    logits_out. Returns K and the grown buffer, if it grew."""
     pool = model.kv_pool
     pool.allocated_blocks = order.allocated_blocks
     for source, target in order.copies:
         pool.copy_block(source, target)
     rows = [(row.token_ids, BlockTableView(pool, row.table, row.start), row.logit_rows) for row in order.rows]
     logits = torch.cat(model.forward_rows(rows))  # [K, V]
-    if logits.shape[0] > logits_out.shape[0]:
-        return logits.cpu().numpy()
-    logits_out[: logits.shape[0]].copy_(logits)
-    return logits.shape[0]
+    return logits.shape[0], logits_out.put(logits)
 
 
-def serve_passes(
-    settings: ModelSettings, cpus: frozenset[int], logits_out: torch.Tensor, connection: Connection
-) -> None:
-    """The model process: loads the model, says ("ready", packed), then answers each PassOrder with ("ok", what
-    run_pass returns) or ("error", why) until the serving process closes its end."""
+def serve_passes(settings: ModelSettings, cpus: frozenset[int], connection: Connection) -> None:
+    """The model process: loads the model, says ("ready", its SharedLogits buffer), then answers each PassOrder
+    with ("ok", what run_pass returns) or ("error", why) until the serving process closes its end."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s model-process %(levelname)s %(message)s")
     if cpus:
         os.sched_setaffinity(0, cpus)
     try:
         model = LoadedModel.load(settings)
+        if not model.packed:
+            raise ValueError(f"not served packed here: {model.unpacked_reason}")
     except Exception as error:  # noqa: BLE001 - told to the serving process, which fails its start
         connection.send(("error", f"loading {settings.model!r} failed: {error!r}"))
         return
-    connection.send(("ready", model.packed))
+    logits_out = SharedLogits(SHARED_LOGIT_ROWS, model.vocab_size)
+    connection.send(("ready", logits_out.buffer))
     while True:
         try:
             order = connection.recv()

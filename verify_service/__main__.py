@@ -46,9 +46,11 @@ async def serve(settings: VerifySettings) -> None:
             credentials=server_credentials(settings),
             health_port=settings.health_port,
         )
+        loop = asyncio.get_running_loop()
         if ranks is not None:
-            loop = asyncio.get_running_loop()
             ranks.on_failure(lambda reason: asyncio.run_coroutine_threadsafe(_stop_serving(running, servicer), loop))
+        if isinstance(model, ModelProcess):  # gone: its passes fail UNAVAILABLE, health NOT_SERVING
+            model.on_exit(lambda code: asyncio.run_coroutine_threadsafe(running.set_serving(False), loop))
         print(f"verify service listening on port {running.port}", flush=True)
         await wait_for_termination(running, settings.grace_s)
     finally:

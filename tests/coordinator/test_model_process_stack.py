@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import pathlib
 import random
+import signal
+import time
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specdec.client import Client
-from specdec.local_stack import LocalStack
+from specdec.local_stack import LocalStack, start_service
 from specdec.model_runtime import LoadedModel, ModelSettings
 from specdec.reference_loop import speculative_generate, target_only_generate
 from specdec.sampling import SamplingParams, SamplingRule
+from specdec.v1 import verifier_pb2, verifier_pb2_grpc
 from verify_service.settings import VerifySettings
 
 MAX_NEW = 24
@@ -67,3 +74,42 @@ def test_seeded_sampled_requests_equal_the_in_process_reference(client, models):
 def test_tensor_parallel_ranks_refuse_a_model_process_naming_it():
     with pytest.raises(ValueError, match="model_process"):
         VerifySettings(model_process=True, tensor_parallel_size=2)
+
+
+def _serving(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def _model_process_of(pid: int) -> int:
+    """The spawned model process among a service's children (not multiprocessing's resource tracker)."""
+    children = pathlib.Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    for child in map(int, children):
+        command = pathlib.Path(f"/proc/{child}/cmdline").read_bytes()
+        if b"spawn_main" in command and b"resource_tracker" not in command:
+            return child
+    raise AssertionError(f"no model process among {children}")
+
+
+def test_a_verify_service_whose_model_process_dies_stops_serving(tiny_pair_dirs, tmp_path):
+    service = start_service(
+        "verify", "verify_service", ["--model", str(tiny_pair_dirs[0]), "--model-process"], tmp_path
+    )
+    try:
+        assert _serving(service.address)
+        os.kill(_model_process_of(service.process.pid), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while _serving(service.address) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _serving(service.address)
+        with grpc.insecure_channel(service.address) as channel:
+            open_session = verifier_pb2_grpc.VerifierStub(channel).OpenSession
+            with pytest.raises(grpc.RpcError) as failure:
+                open_session(
+                    verifier_pb2.OpenVerifySessionRequest(session_id="s", prompt_token_ids=[1, 2, 3]), timeout=10
+                )
+        assert failure.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "model process is gone" in failure.value.details()
+    finally:
+        service.stop()

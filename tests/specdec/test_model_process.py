@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from specdec.kv_session import KVSession, run_forwards
-from specdec.model_process import LOGIT_ROWS_SHARED, ModelProcess, ModelProcessError
+from specdec.model_process import ModelProcess, ModelProcessGoneError
 from specdec.model_runtime import LoadedModel, ModelSettings
+from specdec.model_worker import SHARED_LOGIT_ROWS
 
 
 @pytest.fixture(scope="module")
@@ -59,18 +60,19 @@ def test_a_gone_model_process_fails_the_pass_saying_so(tiny_pair_dirs):
     remote = ModelProcess.start(LoadedModel.load(ModelSettings(str(tiny_pair_dirs[0]))))
     session = KVSession(remote, [1, 2, 3])
     remote.close()
-    with pytest.raises(ModelProcessError, match="gone"):
+    with pytest.raises(ModelProcessGoneError, match="gone"):
         session.extend([4])
     assert session.cached_len == 0  # the failed pass grew nothing
 
 
-def test_a_pass_with_more_logit_rows_than_shared_memory_holds_comes_down_the_pipe(models):
+def test_a_pass_with_more_logit_rows_than_shared_memory_holds_grows_it(models):
     local, remote = models
-    prompt = [1 + i % 60 for i in range(LOGIT_ROWS_SHARED + 20)]
-    expected = KVSession(local, [1]).extend(prompt)
-    got = KVSession(remote, [1]).extend(prompt)
-    assert got.shape[0] > LOGIT_ROWS_SHARED
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    prompt = [1 + i % 60 for i in range(SHARED_LOGIT_ROWS + 20)]
+    local_session, remote_session = KVSession(local, [1]), KVSession(remote, [1])
+    got = remote_session.extend(prompt)
+    assert got.shape[0] > SHARED_LOGIT_ROWS
+    torch.testing.assert_close(got, local_session.extend(prompt), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(remote_session.extend([3]), local_session.extend([3]), rtol=1e-5, atol=1e-5)
 
 
 def test_a_model_that_runs_one_sequence_per_pass_is_refused(tiny_pair_dirs):
