@@ -130,6 +130,7 @@ class SequenceKV:
         self.pool = pool
         self.table: list[int] = []  # block ids; changed in place only (the finalizer holds this list)
         self.length = 0
+        self.decodes_greedily = False  # a model process may run the next pass on this one's argmax (model_worker.py)
         weakref.finalize(self, pool._close, self.table)
 
     def get_seq_length(self) -> int:

@@ -41,6 +41,7 @@ class KVSession:
         self.model = model
         self.cache = model.new_cache()
         self.tokens: list[int] = []
+        self.plain_greedy_rounds = 0  # verification rounds in a row with no draft under greedy decoding
         self.append(prompt_ids)
 
     def __len__(self) -> int:

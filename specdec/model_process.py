@@ -111,7 +111,10 @@ class ModelProcess:
             order = PassOrder(
                 self.kv_pool.take_copies(),
                 self.kv_pool.allocated_blocks,
-                tuple(RowOrder(tuple(kv.table), kv.length, tuple(ids), keep) for ids, kv, keep in rows),
+                tuple(
+                    RowOrder(tuple(kv.table), kv.length, tuple(ids), keep, len(rows) == 1 and kv.decodes_greedily)
+                    for ids, kv, keep in rows
+                ),
             )
             logits = self._pass(order)  # [K, V]
             for ids, kv, _ in rows:

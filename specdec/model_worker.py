@@ -33,6 +33,7 @@ class RowOrder:
     start: int
     token_ids: tuple[int, ...]
     logit_rows: int
+    decodes_greedily: bool = False  # the next pass likely feeds this one's argmax (GreedyLookahead)
 
 
 @dataclass(frozen=True)
@@ -77,21 +78,59 @@ class SharedLogits:
         return grown
 
 
-def run_pass(model: LoadedModel, order: PassOrder, logits_out: SharedLogits) -> tuple[int, torch.Tensor | None]:
-    """Applies the order's copies and runs its rows; puts their logits [K, V] (K: the rows' logit_rows) in
-    logits_out. Returns K and the grown buffer, if it grew."""
+def run_pass(model: LoadedModel, order: PassOrder) -> torch.Tensor:
+    """Applies the order's copies and runs its rows; their float32 logits [K, V] (K: the rows' logit_rows)."""
     pool = model.kv_pool
     pool.allocated_blocks = order.allocated_blocks
     for source, target in order.copies:
         pool.copy_block(source, target)
     rows = [(row.token_ids, BlockTableView(pool, row.table, row.start), row.logit_rows) for row in order.rows]
-    logits = torch.cat(model.forward_rows(rows))  # [K, V]
-    return logits.shape[0], logits_out.put(logits)
+    return torch.cat(model.forward_rows(rows))  # [K, V]
+
+
+class GreedyLookahead:
+    """A one-row greedy decode's next pass, run before the serving process asks for it (asynchronous scheduling,
+    docs/architecture.md "The model process"): while the serving process judges a pass, this process already feeds
+    the pass's argmax at the next position, and answers the next order at once if it is exactly that pass.
+
+    Only a pass the serving process marked (a plain round under greedy decoding), and only while the next position
+    lies in the row's last block: that block was made the row's own for this pass (copy-on-write), so the early write
+    touches no other sequence's keys, and whatever order comes next rewrites the position before anyone reads it.
+    """
+
+    def __init__(self, model: LoadedModel):
+        self.model = model
+        self._ahead: tuple[RowOrder, torch.Tensor] | None = None  # (the order's one row, its logits [1, V])
+
+    def answer(self, order: PassOrder) -> torch.Tensor | None:
+        """The logits [1, V] of the pass run ahead if `order` is exactly it, else None (then run the order)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None or order.copies or len(order.rows) != 1:
+            return None
+        expected, logits = ahead
+        row = order.rows[0]
+        same_blocks = row.table[: len(expected.table)] == expected.table
+        same_pass = (row.start, row.token_ids, row.logit_rows) == (expected.start, expected.token_ids, 1)
+        return logits if same_blocks and same_pass else None
+
+    def run_after(self, order: PassOrder, logits: torch.Tensor) -> None:
+        """Runs the next pass of a marked one-row order whose logits [K, V] were just answered."""
+        if len(order.rows) != 1 or not order.rows[0].decodes_greedily or order.rows[0].logit_rows < 1:
+            return
+        row, block_size = order.rows[0], self.model.kv_pool.block_size
+        position = row.start + len(row.token_ids)
+        if position // block_size != (position - 1) // block_size or position >= self.model.max_context_tokens:
+            return
+        table = row.table[: position // block_size + 1]
+        token = int(logits[-1].argmax())
+        view = BlockTableView(self.model.kv_pool, table, position)
+        ahead = torch.cat(self.model.forward_rows([((token,), view, 1)]))  # [1, V]
+        self._ahead = RowOrder(table, position, (token,), 1), ahead
 
 
 def serve_passes(settings: ModelSettings, cpus: frozenset[int], connection: Connection) -> None:
     """The model process: loads the model, says ("ready", its SharedLogits buffer), then answers each PassOrder
-    with ("ok", what run_pass returns) or ("error", why) until the serving process closes its end."""
+    with ("ok", (logit rows, the buffer if it grew)) or ("error", why) until the serving process closes its end."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s model-process %(levelname)s %(message)s")
     if cpus:
         os.sched_setaffinity(0, cpus)
@@ -103,6 +142,7 @@ def serve_passes(settings: ModelSettings, cpus: frozenset[int], connection: Conn
         connection.send(("error", f"loading {settings.model!r} failed: {error!r}"))
         return
     logits_out = SharedLogits(SHARED_LOGIT_ROWS, model.vocab_size)
+    lookahead = GreedyLookahead(model)
     connection.send(("ready", logits_out.buffer))
     while True:
         try:
@@ -110,7 +150,15 @@ def serve_passes(settings: ModelSettings, cpus: frozenset[int], connection: Conn
         except EOFError:  # the serving process is gone or closed us
             return
         try:
-            connection.send(("ok", run_pass(model, order, logits_out)))
+            logits = lookahead.answer(order)
+            if logits is None:
+                logits = run_pass(model, order)  # [K, V]
+            connection.send(("ok", (logits.shape[0], logits_out.put(logits))))
         except Exception as error:  # noqa: BLE001 - that pass fails, the process serves on
             log.exception("pass failed")
             connection.send(("error", repr(error)))
+            continue
+        try:
+            lookahead.run_after(order, logits)
+        except Exception:  # noqa: BLE001 - only a guess: the next order runs as sent
+            log.exception("greedy lookahead failed")

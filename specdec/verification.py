@@ -63,6 +63,7 @@ def verify_rounds(
                 raise StaleBaseLenError(job.session_id, job.base_len, len(job.session))
             job.session.truncate(job.base_len)
             planned.append((index, job.session.plan_extend(job.draft_tokens)))
+            _mark_greedy_decoding(job)
         except Exception as error:  # noqa: BLE001 - reported to that round's caller only
             results[index] = error
     if not planned and not prefills:
@@ -107,3 +108,14 @@ def verify_round(
 ) -> tuple[Verdict, VerifyTiming]:
     """One session's round (see verify_rounds); raises its error."""
     return only_result(verify_rounds([VerifyJob(session, session_id, base_len, draft_tokens, draft_probs, params)]))
+
+
+def _mark_greedy_decoding(job: VerifyJob) -> None:
+    """Counts the session's plain greedy rounds in a row; from the second on, marks its cache as decoding greedily,
+    so that a model process may run the next round's pass, on this one's argmax, before it is asked
+    (specdec/model_worker.py GreedyLookahead). A plain round after speculative ones is not marked: the next is
+    likely speculative again."""
+    session = job.session
+    plain_greedy = not job.draft_tokens and job.params.greedy
+    session.plain_greedy_rounds = session.plain_greedy_rounds + 1 if plain_greedy else 0
+    session.cache.decodes_greedily = session.plain_greedy_rounds >= 2

@@ -8,7 +8,7 @@ import torch
 from specdec.kv_session import KVSession, run_forwards
 from specdec.model_process import ModelProcess, ModelProcessGoneError
 from specdec.model_runtime import LoadedModel, ModelSettings
-from specdec.model_worker import SHARED_LOGIT_ROWS
+from specdec.model_worker import SHARED_LOGIT_ROWS, GreedyLookahead, PassOrder, RowOrder, run_pass
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +23,7 @@ def models(tiny_pair_dirs):
 def _decode(model, prompt, steps):
     """Greedy tokens and every step's logits [1, V] from a KVSession on `model`."""
     session = KVSession(model, prompt)
+    session.cache.decodes_greedily = True  # as the verifier marks greedy plain rounds
     session.prefill()
     tokens, logits = [], []
     row = session.extend(score_previous=True)[-1:]
@@ -80,3 +81,31 @@ def test_a_model_that_runs_one_sequence_per_pass_is_refused(tiny_pair_dirs):
     model.use_cached_forward("eager")
     with pytest.raises(ValueError, match="packed"):
         ModelProcess.start(model)
+
+
+def _order(kv, start: int, token_ids, greedy: bool) -> PassOrder:
+    """One row's PassOrder on kv's blocks (reserved for the positions it feeds)."""
+    kv.reserve(start + len(token_ids))
+    row = RowOrder(tuple(kv.table), start, tuple(token_ids), 1, greedy)
+    return PassOrder((), kv.pool.allocated_blocks, (row,))
+
+
+def test_the_greedy_lookahead_answers_its_own_argmax_continuation_and_nothing_else(tiny_pair_dirs):
+    """Run in this process on the worker's own functions: the pass run ahead equals the pass when asked, and an
+    order that differs (another token, a row not marked greedy) runs as sent."""
+    model = LoadedModel.load(ModelSettings(str(tiny_pair_dirs[0])))
+    kv = model.kv_pool.new_sequence()
+    lookahead = GreedyLookahead(model)
+    first = _order(kv, 0, [1, 5, 9, 3], greedy=True)
+    logits = run_pass(model, first)
+    lookahead.run_after(first, logits)
+    token = int(logits[-1].argmax())
+    asked = _order(kv, 4, [token], greedy=True)
+    early = lookahead.answer(asked)
+    assert early is not None
+    torch.testing.assert_close(early, run_pass(model, asked))
+    lookahead.run_after(asked, early)
+    assert lookahead.answer(_order(kv, 5, [(int(early[-1].argmax()) + 1) % 64], greedy=True)) is None
+    unmarked = _order(kv, 5, [token], greedy=False)
+    lookahead.run_after(unmarked, run_pass(model, unmarked))
+    assert lookahead.answer(_order(kv, 6, [token], greedy=False)) is None
