@@ -30,7 +30,6 @@ class ExecutionSettings:
         "CPU cores the model thread (and the torch threads it starts) runs on, e.g. '1'; with --cpus naming other "
         "cores, the serving threads (gRPC, event loop) stay off the model's cores (empty: the service's --cpus)",
     )
-
     model_process: bool = setting(
         False,
         "run the model's passes in a process of its own (weights and keys/values there, block tables here), so the "

@@ -112,7 +112,7 @@ class ModelProcess:
                 self.kv_pool.take_copies(),
                 self.kv_pool.allocated_blocks,
                 tuple(
-                    RowOrder(tuple(kv.table), kv.length, tuple(ids), keep, len(rows) == 1 and kv.decodes_greedily)
+                    RowOrder(tuple(kv.table), kv.length, tuple(ids), keep, kv.decodes_greedily)
                     for ids, kv, keep in rows
                 ),
             )

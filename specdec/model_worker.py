@@ -33,7 +33,7 @@ class RowOrder:
     start: int
     token_ids: tuple[int, ...]
     logit_rows: int
-    decodes_greedily: bool = False  # the next pass likely feeds this one's argmax (GreedyLookahead)
+    decodes_greedily: bool = False  # the next pass likely feeds this one's argmax (GreedyLookahead: one-row passes)
 
 
 @dataclass(frozen=True)
