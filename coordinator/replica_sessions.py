@@ -83,9 +83,7 @@ class ReplicaSessions:
                         )
                     )
                 )
-            # Both opens end before a failure is raised, so that the close that follows finds the drafter's session
-            # (an open still waiting for KV blocks there would otherwise open after the close and be left behind).
-            for outcome in await asyncio.gather(*calls, return_exceptions=True):
+            for outcome in await _settled(asyncio.gather(*calls, return_exceptions=True)):
                 if isinstance(outcome, BaseException):
                     raise outcome
         state.stats.prefill_ns = time.perf_counter_ns() - started
@@ -155,3 +153,17 @@ class ReplicaSessions:
         except grpc.aio.AioRpcError as error:
             kind = "verify" if replica is self.verify else "draft"
             raise replica_error(kind, replica.address, method, self.state.plan.request_id, error) from error
+
+
+async def _settled(opens: asyncio.Future[list]) -> list:
+    """The opens' outcomes once every open has answered, even when the request is cancelled meanwhile.
+
+    - The close that follows must reach each replica after its open: an open cancelled in flight may still arrive
+      there after the close, find nothing to close before it, and leave its session open.
+    - A cancelled request therefore waits for its opens (each within the call deadline), then is cancelled.
+    """
+    try:
+        return await asyncio.shield(opens)
+    except asyncio.CancelledError:
+        await asyncio.wait([opens])
+        raise

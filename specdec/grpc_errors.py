@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -22,6 +22,7 @@ from specdec.errors import (
     StaleBaseLenError,
     UnauthenticatedError,
 )
+from specdec.grpc_handlers import stream_responses
 from specdec.kv_session import ContextOverflowError
 from specdec.sampling import NonFiniteLogitsError
 
@@ -120,11 +121,10 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         if handler.unary_stream is not None:
             inner_stream = handler.unary_stream
 
-            async def unary_stream(request, context) -> AsyncIterator:
+            async def unary_stream(request, context) -> None:
                 try:
                     check_decoded(request)
-                    async for item in inner_stream(request, context):
-                        yield item
+                    await stream_responses(inner_stream(request, context), context)
                 except (asyncio.CancelledError, grpc.aio.AbortError):
                     raise
                 except Exception as error:  # noqa: BLE001

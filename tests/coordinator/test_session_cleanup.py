@@ -150,3 +150,57 @@ def test_a_stream_closed_by_its_consumer_closes_its_sessions_at_once(tiny_pair_d
         await asyncio.gather(draft_pool.close(), verify_pool.close())
 
     asyncio.run(scenario())
+
+
+class InFlightOpenReplica:
+    """A replica in-process whose OpenSession, once sent, runs to its end whatever the caller does (as a server may
+    with a request already on the wire); it answers when `answer` is set."""
+
+    def __init__(self):
+        self.answer = asyncio.Event()
+        self.open: set[str] = set()
+        self._serving: set[asyncio.Task] = set()
+
+    async def OpenSession(self, request, timeout=None):
+        async def serve():
+            await self.answer.wait()
+            self.open.add(request.session_id)
+            return verifier_pb2.OpenVerifySessionResponse(session_len=len(request.prompt_token_ids))
+
+        serving = asyncio.ensure_future(serve())
+        self._serving.add(serving)
+        return await asyncio.shield(serving)
+
+    async def CloseSession(self, request, timeout=None):
+        closed = request.session_id in self.open
+        self.open.discard(request.session_id)
+        return common_pb2.CloseSessionResponse(closed=closed)
+
+
+def test_a_request_cancelled_while_its_sessions_open_closes_them_after_they_opened():
+    """The close must not overtake the open it follows: a request cancelled while its opens are in flight waits for
+    them to answer, then closes both sessions."""
+    draft, verify = InFlightOpenReplica(), InFlightOpenReplica()
+
+    async def scenario() -> None:
+        plan = GenerationPlan("req-1", [1, 2, 3], 8, SamplingParams(), 2, 0, overlap=False)
+        state = GenerationState(plan, RequestStats(), RequestTelemetry())
+        sessions = ReplicaSessions(state, Replica("draft:1", None, draft), Replica("verify:1", None, verify), 5)
+
+        async def request() -> None:
+            try:
+                await sessions.open()
+            finally:
+                await asyncio.shield(sessions.close())
+
+        running = asyncio.ensure_future(request())
+        await asyncio.sleep(0.01)  # both opens sent
+        running.cancel()
+        await asyncio.sleep(0.01)
+        for replica in (draft, verify):
+            replica.answer.set()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+
+    asyncio.run(scenario())
+    assert draft.open == set() and verify.open == set()
