@@ -108,8 +108,11 @@ class Predrafter:
         next pass waits for this session (and only then): any verdict when the request has no drafter or when a
         miss turns plain (Generation._rounds); the guesses of the pre-draft otherwise, advice only, since a verdict
         that matches a guess may still find its pre-drafted block unusable; without a pre-draft, any after a plain
-        step in overlapped mode (γ is 0, so the next round is most likely plain too) and none otherwise."""
+        step in overlapped mode (γ is 0, so the next round is most likely plain too) and none otherwise; none when
+        this round ends the request (it emits at least one token)."""
         plan = self.state.plan
+        if self.state.remaining <= 1:
+            return verifier_pb2.NextCallHint()
         if self.sessions.draft is None or (predraft is not None and (predraft.plain_on_miss or plan.chain_rounds)):
             return verifier_pb2.NextCallHint(after_any_verdict=True)
         if predraft is None:
@@ -144,7 +147,11 @@ class Predrafter:
     def _start_verify_next(
         self, after_base_len: int, candidates: Sequence[Candidate], plain_otherwise: bool, round_span: Context
     ) -> asyncio.Future:
-        """Sends RoundCalls.verify_next in the background; -> VerifyNextResponse."""
-        call = asyncio.ensure_future(self.calls.verify_next(after_base_len, candidates, plain_otherwise, round_span))
+        """Sends RoundCalls.verify_next in the background; -> VerifyNextResponse. The round it hands over follows
+        one that emits at least a token, and emits one itself: with 2 tokens left it surely ends the request."""
+        ends_request = self.state.remaining <= 2
+        call = asyncio.ensure_future(
+            self.calls.verify_next(after_base_len, candidates, plain_otherwise, round_span, ends_request)
+        )
         call.add_done_callback(_retrieve_error)  # it may end unawaited (request over)
         return call

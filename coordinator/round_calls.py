@@ -104,10 +104,16 @@ class RoundCalls:
         return reply
 
     async def verify_next(
-        self, after_base_len: int, candidates: Sequence[Candidate], plain_otherwise: bool, round_span: Context
+        self,
+        after_base_len: int,
+        candidates: Sequence[Candidate],
+        plain_otherwise: bool,
+        round_span: Context,
+        ends_request: bool = False,
     ) -> verifier_pb2.VerifyNextResponse:
         """Hands the verifier the candidate next rounds: it runs the one its pending verdict selects. The call's
-        span sits in the round it was sent in; the round it runs records its verdict (`verify`, chained)."""
+        span sits in the round it was sent in; the round it runs records its verdict (`verify`, chained). Its hint
+        says a round follows at once, or none when the round it runs ends the request."""
         with self.state.telemetry.remote_call(
             "verify_next",
             round_span,
@@ -127,7 +133,7 @@ class RoundCalls:
                     for c in candidates
                 ],
                 plain_otherwise=plain_otherwise,
-                next_call=verifier_pb2.NextCallHint(after_any_verdict=True),
+                next_call=verifier_pb2.NextCallHint(after_any_verdict=not ends_request),
             )
             reply = await self.sessions.call(self.sessions.verify, "VerifyNext", request)
             self._count_bytes(request, reply)

@@ -40,6 +40,7 @@ class VerifyJob:
     draft_tokens: Sequence[int]
     draft_probs: torch.Tensor | None
     params: SamplingParams
+    ends_request: bool = False  # the caller's request ends with this round: no round of the session follows
 
 
 PassHook = Callable[[int, int, int], None]  # (forward ns, prompt tokens prefilled, tokens fed for rounds)
@@ -114,8 +115,9 @@ def _mark_greedy_decoding(job: VerifyJob) -> None:
     """Counts the session's plain greedy rounds in a row; from the second on, marks its cache as decoding greedily,
     so that a model process may run the next round's pass, on this one's argmax, before it is asked
     (specdec/model_worker.py GreedyLookahead). A plain round after speculative ones is not marked: the next is
-    likely speculative again."""
+    likely speculative again; nor is a request's last round: no next pass comes, and one run ahead would only
+    hold back the next request's."""
     session = job.session
     plain_greedy = not job.draft_tokens and job.params.greedy
     session.plain_greedy_rounds = session.plain_greedy_rounds + 1 if plain_greedy else 0
-    session.cache.decodes_greedily = session.plain_greedy_rounds >= 2
+    session.cache.decodes_greedily = session.plain_greedy_rounds >= 2 and not job.ends_request

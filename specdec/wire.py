@@ -97,6 +97,11 @@ def check_token_ids(token_ids: Sequence[int], vocab_size: int, field: str, allow
     return ids
 
 
+def ends_after(hint: verifier_pb2.NextCallHint) -> bool:
+    """Whether a hint says no round follows whatever the verdict: the caller's request ends with this round."""
+    return not hint.after_any_verdict and not hint.after_verdicts
+
+
 def follows_at_once(hint: verifier_pb2.NextCallHint, num_accepted: int, next_token: int) -> bool:
     """Whether a Verify caller's next round follows the verdict (accepted count, next token) at once, by the
     hint its request carried."""

@@ -20,7 +20,8 @@ from specdec.wire import PLAIN_STEP
 from verify_service.settings import VerifySettings
 from verify_service.tensor_parallel import TensorParallelLeader
 
-OPEN, VERIFY = "open", "verify"  # the calls a model step takes (step_many)
+OPEN, VERIFY, LAST_VERIFY = "open", "verify", "last_verify"  # the calls a model step takes (step_many)
+ROUND_KINDS = (VERIFY, LAST_VERIFY)  # LAST_VERIFY: a round after which its request ends (its caller's hint says so)
 
 
 @dataclass
@@ -97,10 +98,11 @@ class VerifyService:
         own that every running session would wait for. Per call what open_many / verify_many return for it."""
         kinds = [kind for _, kind, *_ in calls]
         opens = [(session_id, *rest) for session_id, kind, *rest in calls if kind == OPEN]
-        rounds = [(session_id, *rest) for session_id, kind, *rest in calls if kind == VERIFY]
+        rounds = [(session_id, *rest) for session_id, kind, *rest in calls if kind in ROUND_KINDS]
         if len(opens) + len(rounds) != len(calls):
-            raise ValueError(f"step calls must be {OPEN!r} or {VERIFY!r}, got {sorted(set(kinds))}")
-        open_results, round_results = (iter(results) for results in self._step(opens, rounds))
+            raise ValueError(f"step calls must be {OPEN!r} or one of {ROUND_KINDS}, got {sorted(set(kinds))}")
+        last_rounds = [kind == LAST_VERIFY for kind in kinds if kind in ROUND_KINDS]
+        open_results, round_results = (iter(results) for results in self._step(opens, rounds, last_rounds))
         return [next(open_results) if kind == OPEN else next(round_results) for kind in kinds]
 
     def check_draft_length(self, draft_tokens: Sequence[int], field: str = "draft_token_ids") -> None:
@@ -110,14 +112,19 @@ class VerifyService:
             raise InvalidFieldError(field, f"{len(draft_tokens)} tokens exceed the limit of {limit}")
 
     def next_round_choice(
-        self, session_id: str, after_base_len: int, rounds: Sequence[GuessedRound], plain_otherwise: bool
+        self,
+        session_id: str,
+        after_base_len: int,
+        rounds: Sequence[GuessedRound],
+        plain_otherwise: bool,
+        kind: str = VERIFY,
     ) -> FollowUpChoice:
         """For the step batcher's follow-up: given the result of the session's last round (verdict, timing, length),
         the step call of the guessed round its verdict matches, tagged with that round's index, or a plain step
         (PLAIN_STEP) when none does and plain_otherwise; None when nothing runs, including when the last round is
         not the one at after_base_len (it was rolled back, or a later round already ran); NOT_YET while the session
-        is no longer than after_base_len (that round has not run: the follow-up overtook it). Raises
-        SessionNotFoundError for a session that is not open."""
+        is no longer than after_base_len (that round has not run: the follow-up overtook it). The call is of `kind`
+        (LAST_VERIFY when the request ends with it). Raises SessionNotFoundError for a session that is not open."""
 
         def choose(last: object) -> tuple[int, tuple] | NotYet | None:
             session = self.sessions.get(session_id)
@@ -132,8 +139,8 @@ class VerifyService:
                 return None
             for index, guessed in enumerate(rounds):
                 if (guessed.num_accepted, guessed.next_token) == (verdict.num_accepted, verdict.next_token):
-                    return index, (session_id, VERIFY, session_len, guessed.draft_tokens, guessed.draft_probs)
-            return (PLAIN_STEP, (session_id, VERIFY, session_len, [], None)) if plain_otherwise else None
+                    return index, (session_id, kind, session_len, guessed.draft_tokens, guessed.draft_probs)
+            return (PLAIN_STEP, (session_id, kind, session_len, [], None)) if plain_otherwise else None
 
         return choose
 
@@ -141,9 +148,11 @@ class VerifyService:
         self,
         opens: Sequence[tuple[str, Sequence[int], SamplingParams]],
         rounds: Sequence[tuple[str, int, Sequence[int], torch.Tensor | None]],
+        last_rounds: Sequence[bool] = (),
     ) -> tuple[list, list]:
         """Opens `opens` and runs `rounds` in one packed pass: (per open the step's time in ns or its error,
-        per round (verdict, timing, new length) or its error)."""
+        per round (verdict, timing, new length) or its error). last_rounds: per round whether its request ends with
+        it (none does when empty)."""
         open_results: list[int | Exception | None] = [None] * len(opens)
         opened: list[int] = []
         prefills: list[PlannedForward] = []
@@ -169,7 +178,18 @@ class VerifyService:
                 self.check_draft_length(draft_tokens)
                 session = self.sessions.get(session_id)
                 jobs.append(
-                    (index, VerifyJob(session.kv, session_id, base_len, draft_tokens, draft_probs, session.params))
+                    (
+                        index,
+                        VerifyJob(
+                            session.kv,
+                            session_id,
+                            base_len,
+                            draft_tokens,
+                            draft_probs,
+                            session.params,
+                            ends_request=bool(last_rounds) and last_rounds[index],
+                        ),
+                    )
                 )
             except Exception as error:  # noqa: BLE001
                 round_results[index] = error

@@ -15,13 +15,25 @@ from specdec.kv_admission import KVAdmission
 from specdec.session_store import expire_idle_sessions
 from specdec.step_batcher import StepBatcher
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
-from specdec.wire import check_token_ids, follows_at_once, kv_block_info, probs_from_proto, session_sampling_from_proto
-from verify_service.service import OPEN, VERIFY, GuessedRound, VerifyService
+from specdec.wire import (
+    check_token_ids,
+    ends_after,
+    follows_at_once,
+    kv_block_info,
+    probs_from_proto,
+    session_sampling_from_proto,
+)
+from verify_service.service import LAST_VERIFY, OPEN, VERIFY, GuessedRound, VerifyService
 
 
 def _round_follows(hint: verifier_pb2.NextCallHint) -> Callable[[tuple], bool]:
     """For the batcher: whether the caller's next round follows a round's result (verdict, timing, length) at once."""
     return lambda result: follows_at_once(hint, result[0].num_accepted, result[0].next_token)
+
+
+def _round_kind(request: verifier_pb2.VerifyRequest | verifier_pb2.VerifyNextRequest) -> str:
+    """LAST_VERIFY for a round whose hint says the request ends with it, VERIFY otherwise."""
+    return LAST_VERIFY if request.HasField("next_call") and ends_after(request.next_call) else VERIFY
 
 
 def _verify_response(verdict, timing, session_len: int) -> verifier_pb2.VerifyResponse:
@@ -119,15 +131,16 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         drafts = check_token_ids(request.draft_token_ids, vocab_size, "draft_token_ids", allow_empty=True)
         probs = probs_from_proto(request.draft_probs, len(drafts), vocab_size)
         follows = _round_follows(request.next_call) if request.HasField("next_call") else None
+        kind = _round_kind(request)
         return _verify_response(
-            *await self._run("step", request.session_id, VERIFY, request.base_len, drafts, probs, follows=follows)
+            *await self._run("step", request.session_id, kind, request.base_len, drafts, probs, follows=follows)
         )
 
     async def VerifyNext(self, request: verifier_pb2.VerifyNextRequest, context) -> verifier_pb2.VerifyNextResponse:
         rounds = [self._guessed_round(guessed, f"rounds[{index}]") for index, guessed in enumerate(request.rounds)]
         follows = _round_follows(request.next_call) if request.HasField("next_call") else None
         choose = self.service.next_round_choice(
-            request.session_id, request.after_base_len, rounds, request.plain_otherwise
+            request.session_id, request.after_base_len, rounds, request.plain_otherwise, _round_kind(request)
         )
         ran = await self._run("step", request.session_id, follows=follows, choose=choose)
         if ran is None:

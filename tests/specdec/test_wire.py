@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specdec.v1 import verifier_pb2
-from specdec.wire import follows_at_once
+from specdec.wire import ends_after, follows_at_once
 
 
 def test_a_hint_names_verdicts_by_accepted_count_and_token_or_any_token():
@@ -22,3 +22,9 @@ def test_a_hint_names_verdicts_by_accepted_count_and_token_or_any_token():
 def test_after_any_verdict_and_the_empty_hint():
     assert follows_at_once(verifier_pb2.NextCallHint(after_any_verdict=True), 0, 5)
     assert not follows_at_once(verifier_pb2.NextCallHint(), 0, 5)
+
+
+def test_only_a_hint_naming_nothing_says_the_request_ends():
+    assert ends_after(verifier_pb2.NextCallHint())
+    assert not ends_after(verifier_pb2.NextCallHint(after_any_verdict=True))
+    assert not ends_after(verifier_pb2.NextCallHint(after_verdicts=[verifier_pb2.GuessedVerdict(num_accepted=0)]))

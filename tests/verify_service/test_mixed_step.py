@@ -7,7 +7,7 @@ import torch
 
 from specdec.errors import InvalidFieldError, StaleBaseLenError
 from specdec.sampling import SamplingParams
-from verify_service.service import OPEN, VERIFY, VerifyService
+from verify_service.service import LAST_VERIFY, OPEN, VERIFY, VerifyService
 from verify_service.settings import VerifySettings
 
 GREEDY = SamplingParams()
@@ -91,3 +91,18 @@ def test_each_scoring_pass_is_reported_with_its_prefill_and_scored_tokens(target
         (0, 1),
     ]  # a plain step
     assert all(ns > 0 for ns, _, _ in passes)
+
+
+def test_greedy_decoding_is_marked_from_the_second_plain_round_but_not_on_a_requests_last(target):
+    """The mark lets a model process run the next pass ahead (specdec/model_worker.py); after a request's last
+    round no pass follows, so none is marked."""
+    service = VerifyService(VerifySettings(), target)
+    service.open("a", PROMPTS["a"], GREEDY)
+    marks = []
+    for kind in (VERIFY, VERIFY, VERIFY, LAST_VERIFY):
+        [(_, _, length)] = service.step_many([("a", kind, len(service.sessions.get("a")), [], None)])
+        assert length == len(service.sessions.get("a"))
+        marks.append(service.sessions.get("a").kv.cache.decodes_greedily)
+    assert marks == [False, True, True, False]
+    [(_, _, _)] = service.step_many([("a", VERIFY, len(service.sessions.get("a")), DRAFTS["a"], None)])
+    assert not service.sessions.get("a").kv.cache.decodes_greedily  # a speculative round
