@@ -8,12 +8,13 @@ import time
 
 import grpc
 import pytest
+from seeded_reference import assert_seeded_requests_equal_the_reference
 
 from coordinator.predraft import DraftLane, guesses
 from specdec.client import Client
 from specdec.local_stack import LocalStack
 from specdec.model_runtime import LoadedModel, ModelSettings
-from specdec.reference_loop import speculative_generate, target_only_generate
+from specdec.reference_loop import target_only_generate
 from specdec.sampling import SamplingParams, SamplingRule
 from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from specdec.wire import sampling_to_proto
@@ -134,15 +135,9 @@ def test_stop_strings_end_generation(client):
 def test_sampled_output_equals_the_in_process_reference_with_and_without_overlap(client, sequential_address, models):
     """Draws are keyed by (seed, position): the stack, overlapped or not, reproduces the reference loop under
     the coupled rule, which every seeded request gets."""
-    target, draft = models
+    prompts = [random_prompts(1, seed=100 + seed)[0] for seed in range(6)]
     with Client(sequential_address, timeout_s=60) as sequential:
-        for seed in range(6):
-            prompt = random_prompts(1, seed=100 + seed)[0]
-            params = SamplingParams(temperature=1.0, top_k=20, seed=seed, rule=SamplingRule.COUPLED)
-            expected = speculative_generate(target, draft, prompt, 3, params, MAX_NEW).token_ids
-            kwargs = dict(max_new_tokens=MAX_NEW, temperature=1.0, top_k=20, seed=seed, num_speculative_tokens=3)
-            assert list(client.generate(prompt, **kwargs).token_ids) == expected
-            assert list(sequential.generate(prompt, **kwargs).token_ids) == expected
+        assert_seeded_requests_equal_the_reference([client, sequential], *models, prompts, MAX_NEW)
 
 
 def test_seeded_sampled_output_is_plain_decoding_whatever_the_blocks(client, adaptive_address, models):

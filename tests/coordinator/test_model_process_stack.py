@@ -12,12 +12,13 @@ import time
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from seeded_reference import assert_seeded_requests_equal_the_reference
 
 from specdec.client import Client
 from specdec.local_stack import LocalStack, start_service
 from specdec.model_runtime import LoadedModel, ModelSettings
-from specdec.reference_loop import speculative_generate, target_only_generate
-from specdec.sampling import SamplingParams, SamplingRule
+from specdec.reference_loop import target_only_generate
+from specdec.sampling import SamplingParams
 from specdec.v1 import verifier_pb2, verifier_pb2_grpc
 from verify_service.settings import VerifySettings
 
@@ -62,13 +63,8 @@ def test_concurrent_greedy_requests_are_token_identical_to_target_only(client, m
 
 
 def test_seeded_sampled_requests_equal_the_in_process_reference(client, models):
-    target, draft = models
-    for seed in range(3):
-        prompt = _prompts(1, seed=100 + seed)[0]
-        params = SamplingParams(temperature=1.0, top_k=20, seed=seed, rule=SamplingRule.COUPLED)
-        expected = speculative_generate(target, draft, prompt, 3, params, MAX_NEW).token_ids
-        kwargs = dict(max_new_tokens=MAX_NEW, temperature=1.0, top_k=20, seed=seed, num_speculative_tokens=3)
-        assert list(client.generate(prompt, **kwargs).token_ids) == expected
+    prompts = [_prompts(1, seed=100 + seed)[0] for seed in range(3)]
+    assert_seeded_requests_equal_the_reference([client], *models, prompts, MAX_NEW)
 
 
 def test_tensor_parallel_ranks_refuse_a_model_process_naming_it():
