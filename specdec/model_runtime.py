@@ -17,6 +17,7 @@ from specdec.attention_backend import AttentionBackend
 from specdec.attention_backends import AttentionBackendChoice, choose_attention_backend
 from specdec.cpu_lm_head import use_onednn_lm_head
 from specdec.cuda_graph_steps import CudaGraphSteps, cuda_graphs_refusal
+from specdec.direct_forward import direct_forward_refusal
 from specdec.kv_budget import block_bytes, blocks_in_budget
 from specdec.kv_pool import KVPool, SequenceKV
 from specdec.packed_forward import PACKED_ATTENTION, packed_forward
@@ -122,6 +123,9 @@ class LoadedModel:
             self.settings.attention_backend, self.device, model.dtype, head_dim
         )
         log.info("%s attends through the %s backend (%s)", self.settings.model, self.attention_backend.name, why)
+        not_direct = direct_forward_refusal(model)
+        how = "direct (specdec/direct_forward.py)" if not_direct is None else f"through its modules: {not_direct}"
+        log.info("%s runs packed passes %s", self.settings.model, how)
         self.packed = True
         self.graph_steps = self._captured_steps()
 

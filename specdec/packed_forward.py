@@ -25,6 +25,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from specdec.attention_backend import AttentionBackend
+from specdec.direct_forward import direct_forward_refusal, direct_logits
 from specdec.kv_pool import KVPool, SequenceKV
 
 if TYPE_CHECKING:
@@ -135,7 +136,9 @@ def packed_logits(
     logits_to_keep: torch.Tensor | int = 0,
 ) -> torch.Tensor:
     """The model over a step's tokens input_ids [T] at positions [T], attending through the step; returns the logits
-    [K, V] of the tokens logits_to_keep indexes (0: all T)."""
+    [K, V] of the tokens logits_to_keep indexes (0: all T). Llama models run direct (specdec/direct_forward.py)."""
+    if direct_forward_refusal(model) is None:
+        return direct_logits(model, packed_attention, input_ids, positions, step, logits_to_keep)
     no_mask = torch.empty((1, 1, 0, 0), dtype=torch.bool, device=input_ids.device)  # 4D: transformers builds none
     output = model(
         input_ids=input_ids.unsqueeze(0),
