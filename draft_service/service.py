@@ -210,7 +210,7 @@ class DraftService:
             while run:
                 for index in step.join():
                     start(index)
-                for call in running.values():
+                for call in running.values() if run.runs_a_pass else ():
                     call.passes += 1
                     call.rows += run.rows
                 for (index, slot, lane), outcome in run.step():

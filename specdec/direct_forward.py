@@ -35,17 +35,25 @@ AttentionFunction = Callable[..., tuple[torch.Tensor, None]]  # transformers' at
 _MIRRORED = {
     LlamaDecoderLayer: (LlamaAttention, LlamaMLP, LlamaRMSNorm),
 }  # decoder layer class -> the classes of its parts this file mirrors
-_refusals: weakref.WeakKeyDictionary[nn.Module, str | None] = weakref.WeakKeyDictionary()
+_structure: weakref.WeakKeyDictionary[nn.Module, tuple[str | None, list[nn.Module]]] = weakref.WeakKeyDictionary()
 
 
 def direct_forward_refusal(model: nn.Module) -> str | None:
-    """Why `model`'s packed passes keep transformers' forward, or None: they run direct (decided once per model)."""
-    if model not in _refusals:
-        _refusals[model] = _refusal(model)
-    return _refusals[model]
+    """Why `model`'s packed passes keep transformers' forward, or None: they run direct. Its classes and parameters
+    are checked once per model; hooks at every pass (a hook added later, e.g. to inject a fault, must run)."""
+    if model not in _structure:
+        _structure[model] = (_structure_refusal(model), list(model.modules()))
+    refusal, modules = _structure[model]
+    if refusal is not None:
+        return refusal
+    if module_globals._global_forward_hooks or module_globals._global_forward_pre_hooks:
+        return "global module hooks"
+    if any(module._forward_hooks or module._forward_pre_hooks for module in modules):
+        return "a module is hooked"
+    return None
 
 
-def _refusal(model: nn.Module) -> str | None:
+def _structure_refusal(model: nn.Module) -> str | None:
     if type(model) is not LlamaForCausalLM:
         return f"{type(model).__name__} is not mirrored"
     layers = model.model.layers
@@ -55,11 +63,9 @@ def _refusal(model: nn.Module) -> str | None:
         parts = (layer.self_attn, layer.mlp, layer.input_layernorm, layer.post_attention_layernorm)
         if any(type(part) not in _MIRRORED[type(layer)] for part in parts):
             return "a layer's attention, MLP or norm of another class"
-    if module_globals._global_forward_hooks or module_globals._global_forward_pre_hooks:
-        return "global module hooks"
     for name, module in model.named_modules():
-        if module._forward_hooks or module._forward_pre_hooks or "forward" in vars(module):
-            return f"module {name or 'model'} is hooked or has its own forward"
+        if "forward" in vars(module):
+            return f"module {name} has its own forward"
     if any(type(param.data) is not torch.Tensor for param in model.parameters()):
         return "sharded parameters"
     return None

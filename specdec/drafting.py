@@ -91,6 +91,11 @@ class DraftRun:
         """Sessions the next step feeds."""
         return len(self._live)
 
+    @property
+    def runs_a_pass(self) -> bool:
+        """Whether the next step runs the model (not when every session's row was kept by its prefill)."""
+        return any(plan.token_ids for _, _, plan in self._live)
+
     def add(
         self, key: object, session: KVSession, num_tokens: int, params: SamplingParams, num_alternatives: int = 0
     ) -> Drafted | Exception | None:

@@ -6,6 +6,9 @@ the positions that are kept.
 
 A forward is planned per session (`plan_extend`, `plan_prefill`) and run by `run_forwards`, which feeds
 the plans of many sessions on one model in a single packed pass (continuous batching) when it can.
+
+A prefill feeds the whole prompt and keeps the logits of its last position: the first extend after it starts
+from them instead of feeding the prompt's last token again, so a first plain step needs no pass at all.
 """
 
 from __future__ import annotations
@@ -31,7 +34,14 @@ class PlannedForward:
 
     session: KVSession
     token_ids: list[int]
-    logit_rows: int
+    logit_rows: int  # of the fed tokens
+    known_logits: torch.Tensor | None = None  # [1, V] put before the fed tokens' rows (kept by a prefill)
+    keeps_logits: bool = False  # a prefill: the session keeps its last row for the next extend
+
+    @property
+    def rows(self) -> int:
+        """Logit rows the plan's result has."""
+        return self.logit_rows + (self.known_logits is not None)
 
 
 class KVSession:
@@ -42,6 +52,7 @@ class KVSession:
         self.cache = model.new_cache()
         self.tokens: list[int] = []
         self.plain_greedy_rounds = 0  # verification rounds in a row with no draft under greedy decoding
+        self.next_logits: torch.Tensor | None = None  # [1, V] after the whole sequence, all of it cached (prefill)
         self.append(prompt_ids)
 
     def __len__(self) -> int:
@@ -59,6 +70,8 @@ class KVSession:
                 f"session would hold {len(self.tokens) + len(token_ids)} tokens, "
                 f"over the model's context of {self.model.max_context_tokens}"
             )
+        if token_ids:
+            self.next_logits = None
         self.tokens.extend(int(t) for t in token_ids)
 
     def plan_extend(self, token_ids: Sequence[int] = (), score_previous: bool = True) -> PlannedForward:
@@ -66,8 +79,9 @@ class KVSession:
         if not token_ids and not (score_previous and self.tokens):
             raise ValueError("extend needs new tokens, or score_previous on a non-empty sequence")
         previous_len = len(self.tokens)
+        known = self.next_logits if score_previous else None  # the previous token's row, kept by the prefill
         self.append(token_ids)
-        rows = len(token_ids) + (1 if score_previous and previous_len else 0)
+        rows = len(token_ids) + (1 if score_previous and previous_len and known is None else 0)
         refeed_from = len(self.tokens) - rows
         if self.cached_len > refeed_from:
             self.cache.crop(refeed_from - self.cached_len)
@@ -75,16 +89,17 @@ class KVSession:
             self._reserve(len(self.tokens))
         except KVCacheFullError:
             del self.tokens[previous_len:]
+            self.next_logits = known
             raise
-        return PlannedForward(self, self.tokens[self.cached_len :], rows)
+        return PlannedForward(self, self.tokens[self.cached_len :], rows, known_logits=known)
 
     def plan_prefill(self) -> PlannedForward | None:
-        """Plans feeding every token but the last, so the next extend scores from the last token on; None when
-        there is nothing to feed."""
-        if len(self.tokens) - self.cached_len <= 1:
+        """Plans feeding every pending token, keeping the last one's logits for the next extend; None when there
+        is nothing to feed."""
+        if len(self.tokens) == self.cached_len:
             return None
-        self._reserve(len(self.tokens) - 1)
-        return PlannedForward(self, self.tokens[self.cached_len : -1], 0)
+        self._reserve(len(self.tokens))
+        return PlannedForward(self, self.tokens[self.cached_len :], 1, keeps_logits=True)
 
     def _reserve(self, length: int) -> None:
         """Holds cache room for the first `length` tokens before a forward is run (a paged cache; KVCacheFullError
@@ -93,17 +108,17 @@ class KVSession:
             self.cache.reserve(length)
 
     def extend(self, token_ids: Sequence[int] = (), score_previous: bool = True) -> torch.Tensor:
-        """Appends token_ids and feeds every pending token in one forward pass.
+        """Appends token_ids and feeds every pending token in one forward pass (none when there is none).
 
         With score_previous (verification), returns float32 logits [len(token_ids) + 1, V]: row 0 predicts
-        the token after the sequence's previous last token (recomputed if it is already cached), row i the
-        token after new token i. Without it (autoregressive steps, whose previous row was already used),
-        returns only the new tokens' rows [len(token_ids), V] and recomputes nothing.
+        the token after the sequence's previous last token (kept by the prefill, else recomputed if it is
+        already cached), row i the token after new token i. Without it (autoregressive steps, whose previous
+        row was already used), returns only the new tokens' rows [len(token_ids), V] and recomputes nothing.
         """
         return run_forwards([self.plan_extend(token_ids, score_previous)])[0]
 
     def prefill(self) -> None:
-        """Feeds every token but the last, so the next extend scores from the last token on."""
+        """Feeds every pending token, keeping the last one's logits for the next extend."""
         plan = self.plan_prefill()
         if plan is not None:
             run_forwards([plan])
@@ -120,6 +135,8 @@ class KVSession:
         """Rolls back to the first `length` tokens (a no-op when already that short)."""
         if length < 0:
             raise ValueError(f"length must be >= 0, got {length}")
+        if length < len(self.tokens):
+            self.next_logits = None
         del self.tokens[length:]
         surplus = self.cached_len - length
         if surplus > 0:
@@ -129,15 +146,22 @@ class KVSession:
 def run_forwards(plans: Sequence[PlannedForward]) -> list[torch.Tensor]:
     """Runs planned forwards; plans of sessions on one packing model share a single pass.
 
-    Returns per plan float32 logits [logit_rows, V], in the order given.
+    Returns per plan float32 logits [plan.rows, V], in the order given; a plan with no tokens to feed (a first
+    plain step after a prefill) runs no pass.
     """
     results: list[torch.Tensor | None] = [None] * len(plans)
     by_model: dict[int, list[int]] = {}
     for index, plan in enumerate(plans):
-        by_model.setdefault(id(plan.session.model), []).append(index)
+        if plan.token_ids:
+            by_model.setdefault(id(plan.session.model), []).append(index)
+        else:  # all it needs is the row the prefill kept
+            results[index] = plan.known_logits
     for indices in by_model.values():
         model = plans[indices[0]].session.model
         rows = [(plans[i].token_ids, plans[i].session.cache, plans[i].logit_rows) for i in indices]
         for index, logits in zip(indices, model.forward_rows(rows)):
-            results[index] = logits
+            plan = plans[index]
+            if plan.keeps_logits:
+                plan.session.next_logits = logits[-1:]  # [1, V]
+            results[index] = logits if plan.known_logits is None else torch.cat([plan.known_logits, logits])
     return results

@@ -76,7 +76,7 @@ def verify_rounds(
     scored_tokens = sum(len(plan.token_ids) for _, plan in planned)
     prefill_tokens = sum(len(plan.token_ids) for plan in prefills)
     batch_tokens = scored_tokens + prefill_tokens
-    if on_pass is not None:
+    if on_pass is not None and batch_tokens:  # none ran when every round had its row from a prefill
         on_pass(forward_ns, prefill_tokens, scored_tokens)
     sampling_started = time.perf_counter_ns()
     rounds = [

@@ -71,7 +71,8 @@ class VerifyService:
         self.step_cost = calibrate(self.sessions_model)  # what a pass costs, for the policy
 
     def open(self, session_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> int:
-        """Opens a session and prefills all prompt tokens but the last; returns the prefill time in ns."""
+        """Opens a session and prefills the prompt, keeping its last row for the first round; returns the prefill time
+        in ns."""
         return only_result(self.open_many([(session_id, prompt_ids, params)]))
 
     def open_many(self, opens: Sequence[tuple[str, Sequence[int], SamplingParams]]) -> list[int | Exception]:

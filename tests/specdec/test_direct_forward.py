@@ -70,7 +70,10 @@ def test_llama_models_run_direct_and_others_keep_transformers_forward(tiny_pair_
     assert "Qwen2ForCausalLM is not mirrored" in direct_forward_refusal(qwen)
 
 
-def test_a_hooked_module_keeps_transformers_forward():
+def test_a_hooked_module_keeps_transformers_forward_while_hooked():
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SHAPE, **IDS))
-    model.model.layers[1].mlp.down_proj.register_forward_hook(lambda *_: None)  # e.g. a tensor-parallel all-reduce
-    assert "model.layers.1.mlp.down_proj is hooked" in direct_forward_refusal(model)
+    assert direct_forward_refusal(model) is None
+    hook = model.model.layers[1].mlp.down_proj.register_forward_hook(lambda *_: None)  # e.g. an injected fault
+    assert direct_forward_refusal(model) == "a module is hooked"
+    hook.remove()
+    assert direct_forward_refusal(model) is None

@@ -37,11 +37,42 @@ def test_extend_scores_every_new_position_in_one_pass(tiny_pair):
     target, _ = tiny_pair
     tokens = [2, 9, 4, 4, 17, 30]
     session = KVSession(target, tokens[:2])
-    session.prefill()  # caches token 0; tokens 1..5 are pending after the extend
+    session.prefill()  # caches tokens 0 and 1, keeping token 1's row: the extend feeds tokens 2..5 only
     batched = session.extend(tokens[2:])  # [5, V]
     assert batched.shape == (5, target.vocab_size)
     for i in range(5):
         torch.testing.assert_close(batched[i], fresh_next_logits(target, tokens[: 2 + i]), atol=1e-5, rtol=0)
+
+
+def test_a_prefill_keeps_the_last_row_so_a_first_plain_step_runs_no_pass(tiny_pair, monkeypatch):
+    target, _ = tiny_pair
+    expected = [fresh_next_logits(target, tokens) for tokens in ([2, 9, 4], [2, 9, 4, 7, 30])]
+    session = KVSession(target, [2, 9, 4])
+    session.prefill()
+    assert session.cached_len == 3
+    passes = []
+    monkeypatch.setattr(target, "forward_rows", lambda rows, run=target.forward_rows: passes.append(rows) or run(rows))
+    first = session.extend()  # [1, V]
+    assert passes == [] and first.shape == (1, target.vocab_size)
+    torch.testing.assert_close(first[0], expected[0], atol=1e-5, rtol=0)
+    block = session.extend([7, 30])  # a verify block: the kept row, then the block's, feeding the block alone
+    assert [len(ids) for ids, _, _ in passes[0]] == [2] and block.shape == (3, target.vocab_size)
+    torch.testing.assert_close(block[0], first[0])
+    torch.testing.assert_close(block[2], expected[1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("change", ["append", "truncate"])
+def test_the_kept_row_is_dropped_once_the_sequence_changes(tiny_pair, change):
+    target, _ = tiny_pair
+    session = KVSession(target, [2, 9, 4, 11])
+    session.prefill()
+    if change == "append":
+        session.append([5])
+    else:
+        session.truncate(3)
+    assert session.next_logits is None
+    expected = [2, 9, 4, 11, 5] if change == "append" else [2, 9, 4]
+    torch.testing.assert_close(session.extend()[-1], fresh_next_logits(target, expected), atol=1e-5, rtol=0)
 
 
 def test_random_extend_truncate_cycles_keep_length_and_memory_bounded(tiny_pair):

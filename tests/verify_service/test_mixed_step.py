@@ -86,8 +86,8 @@ def test_each_scoring_pass_is_reported_with_its_prefill_and_scored_tokens(target
         service.verify("a", len(tokens(service, "a")) + 5, [1], None)
 
     assert [(prefill, scored) for _, prefill, scored in passes] == [
-        (len(PROMPTS["a"]) - 1, 0),  # the open alone: every prompt token but the last
-        (len(NEW["x"]) - 1, len(DRAFTS["a"]) + 1),  # an open riding along with a round of γ = 3
+        (len(PROMPTS["a"]), 0),  # the open alone: every prompt token, the last one's row kept
+        (len(NEW["x"]), len(DRAFTS["a"])),  # an open riding along with a first round of γ = 3 (after the kept row)
         (0, 1),
     ]  # a plain step
     assert all(ns > 0 for ns, _, _ in passes)
