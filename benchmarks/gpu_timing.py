@@ -133,6 +133,8 @@ def project_step(loaded, batch: int, context: int, drafted: int, seed: int = 0, 
     prompts = random_ids(batch, context, loaded.vocab_size, seed).tolist()
     sessions = [KVSession(loaded, prompt) for prompt in prompts]
     run_forwards([s.plan_prefill() for s in sessions])
+    for session in sessions:
+        session.next_logits = None  # each step feeds the last token again, as a round in steady state does
     new_tokens = random_ids(1, drafted, loaded.vocab_size, seed + 1)[0].tolist()
 
     captured = loaded.graph_steps

@@ -110,6 +110,7 @@ def time_passes(
         ]
         for session in sessions[context]:
             session.prefill()
+            session.next_logits = None  # a round in steady state feeds its last committed token too: γ + 1 tokens
     timings = Timings({(context, count): [] for context in contexts for count in rows}, [])
     for repeat in range(repeats + 1):
         for context in contexts:

@@ -281,12 +281,13 @@ def test_verify_service_exports_its_passes_with_and_without_prefill(traced, clie
     after = scrape(traced.verify_metrics)
     delta = difference(before, after)
 
-    # One request at a time: each open is a pass of its own, prefilling every prompt token but the last.
+    # One request at a time: each open is a pass of its own, prefilling every prompt token (the last one's row kept).
     assert delta("specdec_verify_pass_duration_seconds_count", prefill="with") == len(prompts)
-    assert delta("specdec_verify_pass_tokens_total", kind="prefill") == sum(len(p) - 1 for p in prompts)
-    # Every committed round was scored (γ + 1 tokens); candidate rounds run ahead and then dropped add to it.
+    assert delta("specdec_verify_pass_tokens_total", kind="prefill") == sum(len(p) for p in prompts)
+    # Every committed round was scored (γ + 1 tokens, γ for a first round, which starts from the kept row);
+    # candidate rounds run ahead and then dropped add to it.
     assert delta("specdec_verify_pass_tokens_total", kind="scored") >= sum(
-        r.stats.drafted_tokens + r.stats.rounds for r in replies
+        r.stats.drafted_tokens + r.stats.rounds - 1 for r in replies
     )
     assert delta("specdec_verify_pass_duration_seconds_count", prefill="without") >= max(
         r.stats.rounds for r in replies
