@@ -118,7 +118,7 @@ def test_concurrent_verify_calls_share_passes_and_each_gets_its_own_verdict(stac
     references = [KVSession(target, p) for p in prompts]
     for reference in references:
         reference.prefill()
-    for replies in history:  # the same rounds one session at a time, in process
+    for round_index, replies in enumerate(history):  # the same rounds one session at a time, in process
         for index, (reference, draft, reply) in enumerate(zip(references, drafts, replies)):
             verdict, _ = verify_round(reference, str(index), len(reference), draft, None, SamplingParams())
             assert (list(reply.accepted_token_ids), reply.next_token_id) == (
@@ -126,7 +126,7 @@ def test_concurrent_verify_calls_share_passes_and_each_gets_its_own_verdict(stac
                 verdict.next_token,
             )
             assert reply.session_len == len(reference)
-            assert reply.batch_tokens >= len(draft) + 1
+            assert reply.batch_tokens >= len(draft) + (round_index > 0)  # a first round starts from the kept row
 
 
 @torch.inference_mode()
