@@ -38,11 +38,6 @@ class PlannedForward:
     known_logits: torch.Tensor | None = None  # [1, V] put before the fed tokens' rows (kept by a prefill)
     keeps_logits: bool = False  # a prefill: the session keeps its last row for the next extend
 
-    @property
-    def rows(self) -> int:
-        """Logit rows the plan's result has."""
-        return self.logit_rows + (self.known_logits is not None)
-
 
 class KVSession:
     """A token sequence plus the KV cache of its prefix, on one model."""
@@ -146,8 +141,8 @@ class KVSession:
 def run_forwards(plans: Sequence[PlannedForward]) -> list[torch.Tensor]:
     """Runs planned forwards; plans of sessions on one packing model share a single pass.
 
-    Returns per plan float32 logits [plan.rows, V], in the order given; a plan with no tokens to feed (a first
-    plain step after a prefill) runs no pass.
+    Returns per plan float32 logits [logit_rows (+ 1 with a kept row), V], in the order given; a plan with no
+    tokens to feed (a first plain step after a prefill) runs no pass.
     """
     results: list[torch.Tensor | None] = [None] * len(plans)
     by_model: dict[int, list[int]] = {}
