@@ -35,6 +35,7 @@ AttentionFunction = Callable[..., tuple[torch.Tensor, None]]  # transformers' at
 _MIRRORED = {
     LlamaDecoderLayer: (LlamaAttention, LlamaMLP, LlamaRMSNorm),
 }  # decoder layer class -> the classes of its parts this file mirrors
+# model -> (its refusal, its submodules); never the model itself, which would keep the entry's key alive
 _structure: weakref.WeakKeyDictionary[nn.Module, tuple[str | None, list[nn.Module]]] = weakref.WeakKeyDictionary()
 
 
@@ -42,15 +43,19 @@ def direct_forward_refusal(model: nn.Module) -> str | None:
     """Why `model`'s packed passes keep transformers' forward, or None: they run direct. Its classes and parameters
     are checked once per model; hooks at every pass (a hook added later, e.g. to inject a fault, must run)."""
     if model not in _structure:
-        _structure[model] = (_structure_refusal(model), list(model.modules()))
-    refusal, modules = _structure[model]
+        _structure[model] = (_structure_refusal(model), list(model.modules())[1:])
+    refusal, submodules = _structure[model]
     if refusal is not None:
         return refusal
     if module_globals._global_forward_hooks or module_globals._global_forward_pre_hooks:
         return "global module hooks"
-    if any(module._forward_hooks or module._forward_pre_hooks for module in modules):
+    if _hooked(model) or any(_hooked(module) for module in submodules):
         return "a module is hooked"
     return None
+
+
+def _hooked(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks)
 
 
 def _structure_refusal(model: nn.Module) -> str | None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import random
+import weakref
 
 import pytest
 import torch
@@ -77,3 +79,12 @@ def test_a_hooked_module_keeps_transformers_forward_while_hooked():
     assert direct_forward_refusal(model) == "a module is hooked"
     hook.remove()
     assert direct_forward_refusal(model) is None
+
+
+def test_the_decision_cache_lets_a_model_go():
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SHAPE, **IDS))
+    assert direct_forward_refusal(model) is None
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None
