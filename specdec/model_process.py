@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing.connection
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -63,16 +64,37 @@ def serving_model(model: LoadedModel, settings: ExecutionSettings) -> LoadedMode
     return ModelProcess.start(model, settings.model_thread_cpus()) if settings.model_process else model
 
 
+class WaitingThreadPlacement:
+    """Where the thread that waits on the model process runs: on the model's cores, idle between orders, unless the
+    model process runs a pass ahead (GreedyLookahead), when the thread judges each answer on the service's other
+    cores instead of taking the model's from that pass (docs/architecture.md, "The model process")."""
+
+    def __init__(self, model_cpus: frozenset[int]):
+        self._elsewhere = frozenset(os.sched_getaffinity(0)) - model_cpus if model_cpus else frozenset()
+        self._moved: tuple[int, set[int]] | None = None  # (the moved thread's id, its cores before)
+
+    def place(self, runs_ahead: bool) -> None:
+        """Moves the calling thread off the model's cores while `runs_ahead`, and back to its own cores after."""
+        thread = threading.get_ident()
+        if runs_ahead and self._moved is None and self._elsewhere:
+            self._moved = thread, os.sched_getaffinity(0)
+            os.sched_setaffinity(0, self._elsewhere)  # 0: this thread only
+        elif not runs_ahead and self._moved is not None and self._moved[0] == thread:
+            os.sched_setaffinity(0, self._moved[1])
+            self._moved = None
+
+
 class ModelProcess:
     """A packed LoadedModel whose passes run in a model process (see the module doc); otherwise the model itself."""
 
-    def __init__(self, model: LoadedModel, process, connection, logits_in: torch.Tensor):
+    def __init__(self, model: LoadedModel, process, connection, logits_in: torch.Tensor, cpus: frozenset[int]):
         self.model = model
         self.kv_pool = CopyRecordingPool(model.kv_pool)
         self._process = process
         self._connection = connection
         self._logits_in = logits_in  # [rows, V], the model process's SharedLogits buffer
         self._lock = threading.Lock()  # one pass in flight
+        self._placement = WaitingThreadPlacement(cpus)
         self._closing = False
 
     @classmethod
@@ -99,7 +121,7 @@ class ModelProcess:
             raise ModelProcessError(f"the model process did not start: {detail}")
         log.info("model process ready in %.1fs", time.perf_counter() - started)
         model.model.to("meta")  # the weights live in the model process only
-        return cls(model, process, ours, detail)
+        return cls(model, process, ours, detail, cpus)
 
     def new_cache(self) -> SequenceKV:
         """An empty sequence in the block-table pool."""
@@ -116,6 +138,7 @@ class ModelProcess:
                     for ids, kv, keep in rows
                 ),
             )
+            self._placement.place(order.runs_ahead)
             logits = self._pass(order)  # [K, V]
             for ids, kv, _ in rows:
                 kv.length += len(ids)

@@ -45,6 +45,11 @@ class PassOrder:
     allocated_blocks: int
     rows: tuple[RowOrder, ...]
 
+    @property
+    def runs_ahead(self) -> bool:
+        """Whether the model process runs the next pass before it is asked (GreedyLookahead): one marked row."""
+        return len(self.rows) == 1 and self.rows[0].decodes_greedily and self.rows[0].logit_rows >= 1
+
 
 class BlockTableView(SequenceKV):
     """A row's blocks as the serving process holds them: read by a pass, never reserving or freeing any here."""
@@ -88,44 +93,67 @@ def run_pass(model: LoadedModel, order: PassOrder) -> torch.Tensor:
     return torch.cat(model.forward_rows(rows))  # [K, V]
 
 
+@dataclass(frozen=True)
+class RunAhead:
+    """A pass GreedyLookahead ran before it was asked: its one row, its logits [1, V], and the pool's block count
+    then. A position that opens a block the row does not hold yet was written in the scratch block instead."""
+
+    row: RowOrder
+    logits: torch.Tensor  # [1, V]
+    allocated_blocks: int  # the scratch block's id (specdec/kv_pool.py)
+    in_scratch: bool
+
+
 class GreedyLookahead:
     """A one-row greedy decode's next pass, run before the serving process asks for it (asynchronous scheduling,
     docs/architecture.md "The model process"): while the serving process judges a pass, this process already feeds
     the pass's argmax at the next position, and answers the next order at once if it is exactly that pass.
 
-    Only a pass the serving process marked (a plain round under greedy decoding), and only while the next position
-    lies in the row's last block: that block was made the row's own for this pass (copy-on-write), so the early write
-    touches no other sequence's keys, and whatever order comes next rewrites the position before anyone reads it.
+    Only a pass the serving process marked (a plain round under greedy decoding). The early write touches no other
+    sequence's keys: the row's last block was made its own for the marked pass (copy-on-write), and a position that
+    opens a new block is written in the pool's scratch block, which no table names, then copied into the block the
+    order brings. Whatever order comes next rewrites the position before anyone reads it.
     """
 
     def __init__(self, model: LoadedModel):
         self.model = model
-        self._ahead: tuple[RowOrder, torch.Tensor] | None = None  # (the order's one row, its logits [1, V])
+        self._ahead: RunAhead | None = None
 
     def answer(self, order: PassOrder) -> torch.Tensor | None:
         """The logits [1, V] of the pass run ahead if `order` is exactly it, else None (then run the order)."""
         ahead, self._ahead = self._ahead, None
         if ahead is None or order.copies or len(order.rows) != 1:
             return None
-        expected, logits = ahead
-        row = order.rows[0]
-        same_blocks = row.table[: len(expected.table)] == expected.table
+        row, expected = order.rows[0], ahead.row
+        held = len(expected.table) - 1  # the row's blocks before the one the position falls in
         same_pass = (row.start, row.token_ids, row.logit_rows) == (expected.start, expected.token_ids, 1)
-        return logits if same_blocks and same_pass else None
+        if not same_pass or len(row.table) <= held or row.table[:held] != expected.table[:held]:
+            return None
+        pool = self.model.kv_pool
+        if ahead.in_scratch:
+            if order.allocated_blocks != ahead.allocated_blocks:  # the buffers grow without the scratch block
+                return None
+            pool.copy_block(ahead.allocated_blocks, row.table[held])
+        elif row.table[held] != expected.table[held]:
+            return None
+        pool.allocated_blocks = order.allocated_blocks  # as run_pass sets it
+        return ahead.logits
 
     def run_after(self, order: PassOrder, logits: torch.Tensor) -> None:
         """Runs the next pass of a marked one-row order whose logits [K, V] were just answered."""
-        if len(order.rows) != 1 or not order.rows[0].decodes_greedily or order.rows[0].logit_rows < 1:
+        if not order.runs_ahead:
             return
-        row, block_size = order.rows[0], self.model.kv_pool.block_size
+        row, pool = order.rows[0], self.model.kv_pool
         position = row.start + len(row.token_ids)
-        if position // block_size != (position - 1) // block_size or position >= self.model.max_context_tokens:
+        if position >= self.model.max_context_tokens:
             return
-        table = row.table[: position // block_size + 1]
+        held = position // pool.block_size
+        in_scratch = position % pool.block_size == 0
+        table = row.table[:held] + ((pool.scratch_block,) if in_scratch else (row.table[held],))
         token = int(logits[-1].argmax())
-        view = BlockTableView(self.model.kv_pool, table, position)
+        view = BlockTableView(pool, table, position)
         ahead = torch.cat(self.model.forward_rows([((token,), view, 1)]))  # [1, V]
-        self._ahead = RowOrder(table, position, (token,), 1), ahead
+        self._ahead = RunAhead(RowOrder(table, position, (token,), 1), ahead, pool.allocated_blocks, in_scratch)
 
 
 def serve_passes(settings: ModelSettings, cpus: frozenset[int], connection: Connection) -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import threading
+
 import pytest
 import torch
 
 from specdec.kv_session import KVSession, run_forwards
-from specdec.model_process import ModelProcess, ModelProcessGoneError
+from specdec.model_process import ModelProcess, ModelProcessGoneError, WaitingThreadPlacement
 from specdec.model_runtime import LoadedModel, ModelSettings
 from specdec.model_worker import SHARED_LOGIT_ROWS, GreedyLookahead, PassOrder, RowOrder, run_pass
 
@@ -109,3 +112,79 @@ def test_the_greedy_lookahead_answers_its_own_argmax_continuation_and_nothing_el
     unmarked = _order(kv, 5, [token], greedy=False)
     lookahead.run_after(unmarked, run_pass(model, unmarked))
     assert lookahead.answer(_order(kv, 6, [token], greedy=False)) is None
+
+
+def test_the_greedy_lookahead_runs_across_block_boundaries_in_the_scratch_block(tiny_pair_dirs):
+    """A greedy decode of 4-position blocks is answered ahead at every step, a position opening a block included,
+    with the logits of a model that never runs ahead; another sequence's blocks stay as they were."""
+    settings = ModelSettings(str(tiny_pair_dirs[0]), kv_block_size=4)
+    model, reference = LoadedModel.load(settings), LoadedModel.load(settings)
+    bystander = KVSession(model, [3, 1, 4, 1, 5])
+    bystander.prefill()
+    bystander_keys = [keys[:, bystander.cache.table].clone() for keys in model.kv_pool.keys]
+    kv, lookahead = model.kv_pool.new_sequence(), GreedyLookahead(model)
+    order = _order(kv, 0, [1, 5, 9], greedy=True)
+    logits = run_pass(model, order)
+    expected = KVSession(reference, [1, 5, 9])
+    expected_logits = expected.extend()[-1:]
+    torch.testing.assert_close(logits[-1:], expected_logits)
+    for position in range(3, 14):  # opens blocks at 4, 8 and 12
+        lookahead.run_after(order, logits)
+        token = int(logits[-1].argmax())
+        order = _order(kv, position, [token], greedy=True)
+        logits = lookahead.answer(order)
+        assert logits is not None, f"position {position} was not run ahead"
+        torch.testing.assert_close(logits, expected.extend([token], score_previous=False))
+    for keys, held in zip(model.kv_pool.keys, bystander_keys):
+        assert torch.equal(keys[:, bystander.cache.table], held)
+
+
+def test_the_greedy_lookahead_in_the_scratch_block_is_dropped_when_the_pool_grows(tiny_pair_dirs):
+    model = LoadedModel.load(ModelSettings(str(tiny_pair_dirs[0]), kv_block_size=4))
+    kv, lookahead = model.kv_pool.new_sequence(), GreedyLookahead(model)
+    first = _order(kv, 0, [1, 5, 9, 3], greedy=True)
+    logits = run_pass(model, first)
+    lookahead.run_after(first, logits)
+    token = int(logits[-1].argmax())
+    assert lookahead.answer(_order(kv, 4, [token], greedy=True)) is not None  # the same order at the same size
+    lookahead.run_after(first, logits)
+    kv.crop(-1)
+    grown = _order(kv, 4, [token], greedy=True)
+    assert lookahead.answer(PassOrder(grown.copies, grown.allocated_blocks * 2, grown.rows)) is None
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_the_waiting_thread_leaves_the_model_cores_only_while_the_model_process_runs_ahead():
+    cores = sorted(os.sched_getaffinity(0))
+    model_cores, other_cores = frozenset(cores[-1:]), set(cores[:-1])
+    placement = WaitingThreadPlacement(model_cores)
+    moved, other_done, seen = threading.Event(), threading.Event(), []
+
+    def model_thread() -> None:
+        os.sched_setaffinity(0, model_cores)
+        for runs_ahead in (False, True, True):
+            placement.place(runs_ahead)
+            seen.append(("model", os.sched_getaffinity(0)))
+        moved.set()
+        other_done.wait(10)
+        placement.place(False)
+        seen.append(("model", os.sched_getaffinity(0)))
+
+    def other_thread() -> None:  # a pass from another thread meanwhile moves neither thread
+        moved.wait(10)
+        placement.place(False)
+        seen.append(("other", os.sched_getaffinity(0)))
+        other_done.set()
+
+    threads = [threading.Thread(target=model_thread), threading.Thread(target=other_thread)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert seen == [
+        ("model", set(model_cores)),
+        ("model", other_cores),
+        ("model", other_cores),
+        ("other", set(cores)),
+        ("model", set(model_cores)),
+    ]
