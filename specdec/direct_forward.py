@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as module_globals
 from transformers.models.llama.modeling_llama import (
@@ -84,7 +83,7 @@ def _rms_norm(hidden: torch.Tensor, norm: LlamaRMSNorm) -> torch.Tensor:
 
 
 def _linear(hidden: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    return F.linear(hidden, layer.weight, layer.bias)
+    return layer.forward(hidden)  # nn.Linear's, or a OneDnnLinear's (specdec/cpu_linears.py); hooks are refused
 
 
 def _attention(

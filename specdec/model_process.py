@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.multiprocessing
 
+from specdec.cpu_linears import drop_onednn_copies
 from specdec.errors import DownstreamUnavailableError
 from specdec.execution_settings import ExecutionSettings
 from specdec.kv_pool import KVPool, SequenceKV
@@ -120,6 +121,7 @@ class ModelProcess:
             process.kill()
             raise ModelProcessError(f"the model process did not start: {detail}")
         log.info("model process ready in %.1fs", time.perf_counter() - started)
+        drop_onednn_copies(model.model)
         model.model.to("meta")  # the weights live in the model process only
         return cls(model, process, ours, detail, cpus)
 

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 
 from specdec.attention_backend import AttentionBackend
 from specdec.attention_backends import AttentionBackendChoice, choose_attention_backend
-from specdec.cpu_lm_head import use_onednn_lm_head
+from specdec.cpu_linears import use_onednn_linears
 from specdec.cuda_graph_steps import CudaGraphSteps, cuda_graphs_refusal
 from specdec.direct_forward import direct_forward_refusal
 from specdec.kv_budget import block_bytes, blocks_in_budget
@@ -189,7 +189,7 @@ class LoadedModel:
         )
         if "tp_plan" not in from_pretrained_kwargs:
             model = model.to(settings.device)
-            use_onednn_lm_head(model)
+            use_onednn_linears(model)
         model.eval()
         params = sum(p.numel() for p in model.parameters())
         log.info(
