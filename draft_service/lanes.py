@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from draft_service.drafter import DraftSession
+from draft_service.model_drafter import ModelDraftSession
 from specdec.errors import InvalidFieldError
 
 
@@ -35,6 +36,26 @@ class DraftLanes:
     def add_forks(self, count: int) -> None:
         """Adds `count` lanes, each a copy of lane 0 as it stands (e.g. just prefilled)."""
         self._lanes.extend(self._lanes[0].fork() for _ in range(count))
+
+    def catch_up(self, index: int, base_len: int, appended_ids: Sequence[int]) -> bool:
+        """Syncs model lane `index` to its first base_len tokens + appended_ids by taking the cache of the lane that
+        holds the most of that sequence, if one holds more than its own would keep; False (nothing done) otherwise.
+        The tokens taken need no pass."""
+        lane = self._lanes[index]
+        if not isinstance(lane, ModelDraftSession):
+            return False
+        sequence = [*lane.session.tokens[:base_len], *appended_ids]
+        kept = min(lane.kv_cache_tokens, base_len, len(sequence) - 1)  # a token stays pending: its pass gives logits
+        best, best_len = None, kept
+        for other in self._lanes:
+            if other is not lane and isinstance(other, ModelDraftSession):
+                shared = min(other.cached_prefix(sequence, best_len), len(sequence) - 1)
+                if shared > best_len:
+                    best, best_len = other, shared
+        if best is None:
+            return False
+        lane.take_cache(best, best_len, sequence)
+        return True
 
     def release(self) -> None:
         """Empties every lane, giving its KV cache back (the session is closed)."""

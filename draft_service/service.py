@@ -227,25 +227,17 @@ class DraftService:
         lanes = self.sessions.get(session_id)
         if len({p.lane for p in proposals}) < len(proposals):
             raise InvalidFieldError("lanes", "names a lane more than once")
+        for proposal in proposals:
+            self._check(session_id, lanes, proposal)
+        # Lanes first take the caches of the lanes that hold more of their new sequences, while none is rolled back.
+        caught_up = [bool(p.num_tokens) and lanes.catch_up(p.lane, p.base_len, p.appended_ids) for p in proposals]
         answered: list[ProposeResult | None] = []
         jobs: list[tuple[int, ModelDraftSession, LaneProposal]] = []
-        for slot, proposal in enumerate(proposals):
-            if proposal.num_tokens > self.max_tokens_per_lane:
-                raise InvalidFieldError(
-                    "num_speculative_tokens",
-                    f"{proposal.num_tokens} exceeds this drafter's limit of {self.max_tokens_per_lane} "
-                    f"(max_speculative_tokens {self.settings.max_speculative_tokens} + the bonus-token guess)",
-                )
-            if proposal.num_alternatives > self.settings.max_alternatives:
-                raise InvalidFieldError(
-                    "num_alternatives",
-                    f"{proposal.num_alternatives} exceeds this drafter's limit of {self.settings.max_alternatives}",
-                )
+        for slot, (proposal, synced) in enumerate(zip(proposals, caught_up)):
             lane = lanes.lane(proposal.lane)
-            if len(lane) < proposal.base_len:
-                raise StaleBaseLenError(session_id, proposal.base_len, len(lane))
-            lane.truncate(proposal.base_len)
-            lane.append(proposal.appended_ids)
+            if not synced:
+                lane.truncate(proposal.base_len)
+                lane.append(proposal.appended_ids)
             if isinstance(lane, ModelDraftSession) and proposal.num_tokens:
                 jobs.append((slot, lane, proposal))
                 answered.append(None)
@@ -253,6 +245,23 @@ class DraftService:
             drafted = lane.propose(proposal.num_tokens) if proposal.num_tokens else Proposal([], None)
             answered.append(ProposeResult(drafted, len(lane), time.perf_counter_ns() - started))
         return answered, jobs
+
+    def _check(self, session_id: str, lanes: DraftLanes, proposal: LaneProposal) -> None:
+        """Refuses a lane proposal over this drafter's limits, or on a lane that is not there or holds too little."""
+        if proposal.num_tokens > self.max_tokens_per_lane:
+            raise InvalidFieldError(
+                "num_speculative_tokens",
+                f"{proposal.num_tokens} exceeds this drafter's limit of {self.max_tokens_per_lane} "
+                f"(max_speculative_tokens {self.settings.max_speculative_tokens} + the bonus-token guess)",
+            )
+        if proposal.num_alternatives > self.settings.max_alternatives:
+            raise InvalidFieldError(
+                "num_alternatives",
+                f"{proposal.num_alternatives} exceeds this drafter's limit of {self.settings.max_alternatives}",
+            )
+        lane = lanes.lane(proposal.lane)
+        if len(lane) < proposal.base_len:
+            raise StaleBaseLenError(session_id, proposal.base_len, len(lane))
 
     def close(self, session_id: str) -> bool:
         return self.sessions.close(session_id)

@@ -159,3 +159,31 @@ def test_a_call_that_joins_a_running_step_drafts_what_it_would_alone_and_is_answ
         assert result.session_len == len(sequence) + tokens
         if not params.greedy:
             torch.testing.assert_close(result.proposal.probs, fresh.proposal.probs, rtol=1e-4, atol=1e-6)
+
+
+def test_a_lane_synced_to_tokens_another_lane_has_fed_takes_its_cache(drafter, tiny_pair, monkeypatch):
+    """Guesses 'rejected at position i' follow the block the first lane drafted: the lanes synced to them take that
+    lane's cache and feed only their guessed token, and still draft what sessions of their own would; the first
+    lane, whose blocks they now share, drafts on unchanged."""
+    _, draft = tiny_pair
+    drafter.open("s", PROMPT, GREEDY, "model", num_lanes=3)
+    [[first]] = drafter.propose_many([("s", [LaneProposal(0, len(PROMPT), [], 4, num_alternatives=1)])])
+    block, alternatives = first.proposal.token_ids, first.proposal.alternatives
+    sequences = [PROMPT + block, PROMPT + block[:1] + alternatives[1][:1], PROMPT + block[:3] + alternatives[3][:1]]
+    fed: list[list[int]] = []  # tokens per lane of every pass
+    forward_rows = draft.forward_rows
+
+    def recording(rows):
+        fed.append([len(tokens) for tokens, _, _ in rows])
+        return forward_rows(rows)
+
+    monkeypatch.setattr(draft, "forward_rows", recording)
+    held = [len(sequences[0]), len(PROMPT), len(PROMPT)]  # lane 0 holds its block, the others the prompt
+    [results] = drafter.propose_many(
+        [("s", [LaneProposal(lane, held[lane], seq[held[lane] :], 3) for lane, seq in enumerate(sequences)])]
+    )
+    assert fed[0] == [1, 1, 1]  # lane 0's last drafted token, and each guess; not block[:i] again
+    monkeypatch.setattr(draft, "forward_rows", forward_rows)
+    for index, (sequence, result) in enumerate(zip(sequences, results)):
+        drafter.open(f"fresh-{index}", sequence, GREEDY, "model")
+        assert result.proposal.token_ids == drafter.propose(f"fresh-{index}", len(sequence), [], 3).proposal.token_ids
