@@ -20,6 +20,9 @@ from specdec.sampling import SamplingParams, SamplingRule
 
 @pytest.fixture(scope="module")
 def flex_target(tiny_pair_dirs):
+    # A fresh compile cache, as a serving process has: calls from other tests' models (other head sizes and
+    # scalings) make dynamo trace flex_attention's scalars as dynamic, and those graphs read them back (.item()).
+    torch._dynamo.reset()
     return LoadedModel.load(ModelSettings(str(tiny_pair_dirs[0]), attention_backend=AttentionBackendChoice.FLEX))
 
 
