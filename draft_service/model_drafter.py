@@ -47,8 +47,10 @@ class ModelDraftSession:
 
     def take_cache(self, other: ModelDraftSession, length: int, sequence: Sequence[int]) -> None:
         """Becomes `sequence` on `other`'s cache of its first `length` tokens (which `other` holds alike), the
-        blocks shared until either writes; the rest of `sequence` stays pending."""
-        self.session = other.session.fork()
+        blocks shared until either writes; the rest of `sequence` stays pending. Its own cache is emptied at once,
+        so its blocks do not wait for the old session object to be collected."""
+        old, self.session = self.session, other.session.fork()
+        old.truncate(0)  # its blocks go back now, even while something still holds the old session
         self.session.truncate(length)
         self.session.append(sequence[length:])
 

@@ -166,6 +166,7 @@ def test_a_lane_synced_to_tokens_another_lane_has_fed_takes_its_cache(drafter, t
     lane's cache and feed only their guessed token, and still draft what sessions of their own would; the first
     lane, whose blocks they now share, drafts on unchanged."""
     _, draft = tiny_pair
+    used_before = draft.kv_pool.blocks.used
     drafter.open("s", PROMPT, GREEDY, "model", num_lanes=3)
     [[first]] = drafter.propose_many([("s", [LaneProposal(0, len(PROMPT), [], 4, num_alternatives=1)])])
     block, alternatives = first.proposal.token_ids, first.proposal.alternatives
@@ -179,6 +180,7 @@ def test_a_lane_synced_to_tokens_another_lane_has_fed_takes_its_cache(drafter, t
 
     monkeypatch.setattr(draft, "forward_rows", recording)
     held = [len(sequences[0]), len(PROMPT), len(PROMPT)]  # lane 0 holds its block, the others the prompt
+    replaced = [drafter.sessions.get("s").lane(index).session for index in (1, 2)]  # kept alive on purpose
     [results] = drafter.propose_many(
         [("s", [LaneProposal(lane, held[lane], seq[held[lane] :], 3) for lane, seq in enumerate(sequences)])]
     )
@@ -187,3 +189,7 @@ def test_a_lane_synced_to_tokens_another_lane_has_fed_takes_its_cache(drafter, t
     for index, (sequence, result) in enumerate(zip(sequences, results)):
         drafter.open(f"fresh-{index}", sequence, GREEDY, "model")
         assert result.proposal.token_ids == drafter.propose(f"fresh-{index}", len(sequence), [], 3).proposal.token_ids
+        drafter.close(f"fresh-{index}")
+    assert all(session.cached_len == 0 for session in replaced)  # a replaced cache gives its blocks back at once
+    drafter.close("s")
+    assert draft.kv_pool.blocks.used == used_before
