@@ -45,6 +45,8 @@ class DraftLanes:
         if not isinstance(lane, ModelDraftSession):
             return False
         sequence = [*lane.session.tokens[:base_len], *appended_ids]
+        if len(sequence) < 2:  # nothing to take: a token stays pending
+            return False
         kept = min(lane.kv_cache_tokens, base_len, len(sequence) - 1)  # a token stays pending: its pass gives logits
         best, best_len = None, kept
         for other in self._lanes:

@@ -35,15 +35,16 @@ class ModelDraftSession:
     def truncate(self, length: int) -> None:
         self.session.truncate(length)
 
-    def cached_prefix(self, sequence: Sequence[int], beyond: int) -> int:
-        """How many leading tokens of `sequence` this session's cache holds, if more than `beyond` (else 0)."""
+    def cached_prefix(self, sequence: list[int], beyond: int) -> int:
+        """How many leading tokens of `sequence` this session's cache holds; 0 when they part within the first
+        `beyond` (the caller has a cache of that many already)."""
         held = self.session.tokens[: self.session.cached_len]
-        if len(held) <= beyond or held[:beyond] != list(sequence[:beyond]):
+        if held[:beyond] != sequence[:beyond]:
             return 0
         shared = beyond
         while shared < min(len(held), len(sequence)) and held[shared] == sequence[shared]:
             shared += 1
-        return shared if shared > beyond else 0
+        return shared
 
     def take_cache(self, other: ModelDraftSession, length: int, sequence: Sequence[int]) -> None:
         """Becomes `sequence` on `other`'s cache of its first `length` tokens (which `other` holds alike), the
