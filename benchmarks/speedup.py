@@ -267,7 +267,8 @@ def run_benchmark(config: BenchConfig, progress: Progress | None = None) -> dict
     clients: dict[str, Client] = {}
     try:
         progress(f"loading target {config.target} and draft {config.draft}")
-        target, draft = (LoadedModel.load(ModelSettings(path)) for path in (config.target, config.draft))
+        target = LoadedModel.load(ModelSettings(config.target))
+        draft = LoadedModel.load(ModelSettings(config.draft, draft_kernels=True))  # as the draft service runs it
         check_same_vocabulary(target.identity, draft.identity)
         torch.set_num_threads(config.all_cores_threads)  # unpinned: torch's worker threads may use every core
         prompt_sets = benchmark_prompt_sets(target.tokenizer, config.prompts, config.prompt_tokens, config.seed)

@@ -31,6 +31,12 @@ class DraftSettings(
     device: str = setting("cpu", "device for the draft model: cpu or cuda:N")
     dtype: str = setting("float32", "weight dtype: float32, bfloat16 or float16")
     threads: int = setting(1, "CPU threads for the model (0 = torch default)")
+    draft_kernels: bool = setting(
+        True,
+        "CPU float32 Llama drafts: each layer's q/k/v and gate/up projections as one product each, and the LM head "
+        "in bfloat16 where the CPU has AMX or AVX-512 BF16 (the draft's logits change slightly; no rule's exactness "
+        "depends on them)",
+    )
     max_sessions: int = setting(256, "most sessions held at once; more are refused with RESOURCE_EXHAUSTED")
     max_speculative_tokens: int = setting(
         16,

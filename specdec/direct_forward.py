@@ -26,6 +26,8 @@ from transformers.models.llama.modeling_llama import (
     rotate_half,
 )
 
+from specdec.draft_kernels import GATE_UP, QKV, fused_projections
+
 if TYPE_CHECKING:
     from specdec.bucketed_step import StaticStep
     from specdec.packed_forward import PackedStep
@@ -97,9 +99,14 @@ def _attention(
     """LlamaAttention.forward with the attention function `attend`; hidden [1, T, E], cos/sin [1, 1, T, D] ->
     [1, T, E]."""
     tokens, head_dim = hidden.shape[1], attn.head_dim
-    query = _linear(hidden, attn.q_proj).view(1, tokens, -1, head_dim).transpose(1, 2)  # [1, H, T, D]
-    key = _linear(hidden, attn.k_proj).view(1, tokens, -1, head_dim).transpose(1, 2)  # [1, H_kv, T, D]
-    value = _linear(hidden, attn.v_proj).view(1, tokens, -1, head_dim).transpose(1, 2)  # [1, H_kv, T, D]
+    fused = fused_projections(attn, QKV)
+    if fused is not None:  # a draft's one product (specdec/draft_kernels.py)
+        query, key, value = fused(hidden)  # [1, T, H * D], [1, T, H_kv * D] twice
+    else:
+        query, key, value = (_linear(hidden, proj) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+    query = query.view(1, tokens, -1, head_dim).transpose(1, 2)  # [1, H, T, D]
+    key = key.view(1, tokens, -1, head_dim).transpose(1, 2)  # [1, H_kv, T, D]
+    value = value.view(1, tokens, -1, head_dim).transpose(1, 2)  # [1, H_kv, T, D]
     both = torch.cat((query, key), dim=1)  # [1, H + H_kv, T, D]: rotated together, element by element
     both = (both * cos) + (rotate_half(both) * sin)
     query, key = both.split((query.shape[1], key.shape[1]), dim=1)
@@ -109,7 +116,12 @@ def _attention(
 
 def _mlp(mlp: LlamaMLP, hidden: torch.Tensor) -> torch.Tensor:
     """LlamaMLP.forward."""
-    return _linear(mlp.act_fn(_linear(hidden, mlp.gate_proj)) * _linear(hidden, mlp.up_proj), mlp.down_proj)
+    fused = fused_projections(mlp, GATE_UP)
+    if fused is not None:  # a draft's one product (specdec/draft_kernels.py)
+        gate, up = fused(hidden)  # [1, T, I] each
+    else:
+        gate, up = _linear(hidden, mlp.gate_proj), _linear(hidden, mlp.up_proj)
+    return _linear(mlp.act_fn(gate) * up, mlp.down_proj)
 
 
 def direct_logits(

@@ -22,6 +22,7 @@ import torch
 import torch.multiprocessing
 
 from specdec.cpu_linears import drop_onednn_copies
+from specdec.draft_kernels import drop_draft_kernels
 from specdec.errors import DownstreamUnavailableError
 from specdec.execution_settings import ExecutionSettings
 from specdec.kv_pool import KVPool, SequenceKV
@@ -121,6 +122,7 @@ class ModelProcess:
             process.kill()
             raise ModelProcessError(f"the model process did not start: {detail}")
         log.info("model process ready in %.1fs", time.perf_counter() - started)
+        drop_draft_kernels(model.model)
         drop_onednn_copies(model.model)
         model.model.to("meta")  # the weights live in the model process only
         return cls(model, process, ours, detail, cpus)

@@ -18,6 +18,7 @@ from specdec.attention_backends import AttentionBackendChoice, choose_attention_
 from specdec.cpu_linears import use_onednn_linears
 from specdec.cuda_graph_steps import CudaGraphSteps, cuda_graphs_refusal
 from specdec.direct_forward import direct_forward_refusal
+from specdec.draft_kernels import use_draft_kernels
 from specdec.kv_budget import block_bytes, blocks_in_budget
 from specdec.kv_pool import KVPool, SequenceKV
 from specdec.packed_forward import PACKED_ATTENTION, packed_forward
@@ -41,11 +42,13 @@ class ModelSettings:
     cuda_graph_max_tokens: int = 256  # largest step replayed from a graph
     kv_cache_budget: float = 0.5  # KV cache bytes, or (at most 1) that share of the device's free memory
     kv_block_size: int = 16  # positions per KV cache block
+    draft_kernels: bool = False  # CPU float32 Llama drafts: fused products, a bfloat16 head (specdec/draft_kernels.py)
 
     @classmethod
     def of(cls, service_settings: object) -> ModelSettings:
-        """The model part of a service's settings: its fields of the same names."""
-        return cls(**{field.name: getattr(service_settings, field.name) for field in dataclasses.fields(cls)})
+        """The model part of a service's settings: its fields of the same names (defaults for those it lacks)."""
+        names = [field.name for field in dataclasses.fields(cls) if hasattr(service_settings, field.name)]
+        return cls(**{name: getattr(service_settings, name) for name in names})
 
 
 class TokenizerMismatchError(ValueError):
@@ -190,6 +193,8 @@ class LoadedModel:
         if "tp_plan" not in from_pretrained_kwargs:
             model = model.to(settings.device)
             use_onednn_linears(model)
+            if settings.draft_kernels:
+                use_draft_kernels(model)
         model.eval()
         params = sum(p.numel() for p in model.parameters())
         log.info(
