@@ -31,16 +31,24 @@ QKV, GATE_UP = "fused_qkv", "fused_gate_up"  # the attributes the fused products
 
 
 class FusedLinear:
-    """Bias-free or all-biased nn.Linear layers over one input as one product: their weights stacked (copies taken
-    once; serving weights do not change), on oneDNN from two rows, on the default kernel for one (as the decoder's
-    linears run, specdec/cpu_linears.py)."""
+    """Bias-free or all-biased nn.Linear layers over one input as one product, on oneDNN from two rows, on the
+    default kernel for one (as the decoder's linears run, specdec/cpu_linears.py).
+
+    - the layers' weights are stacked into one tensor and each layer's parameter becomes a view of its rows, so the
+      model holds them once, plus oneDNN's layout of the stack (serving weights do not change);
+    - the layers themselves drop their own oneDNN copies: only calls through the modules use them, on the default
+      kernel.
+    """
 
     def __init__(self, layers: Sequence[nn.Linear]):
-        self.weight = torch.cat([layer.weight.detach() for layer in layers])  # [sum of out_features, in_features]
+        self.weight = _stacked([layer.weight for layer in layers])  # [sum of out_features, in_features]
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
-        biases = [layer.bias for layer in layers]
-        self.bias = torch.cat([bias.detach() for bias in biases]) if biases[0] is not None else None
+        self.bias = _stacked([layer.bias for layer in layers]) if layers[0].bias is not None else None
         self.sizes = [layer.out_features for layer in layers]
+        for layer in layers:
+            if isinstance(layer, OneDnnLinear):
+                del layer.packed_weight, layer.min_rows
+                layer.__class__ = nn.Linear
 
     def __call__(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """hidden [..., in_features] -> each layer's output [..., out_features_i] (views of one product)."""
@@ -80,6 +88,16 @@ class Bf16Linear(OneDnnLinear):
             hidden.bfloat16(), self.packed_weight, self.bf16_bias, "none", [], ""
         )
         return product.float()
+
+
+def _stacked(parameters: Sequence[nn.Parameter]) -> torch.Tensor:
+    """The parameters' values stacked along dim 0; each parameter becomes a view of its rows of the stack."""
+    stacked = torch.cat([parameter.detach() for parameter in parameters])
+    start = 0
+    for parameter in parameters:
+        parameter.data = stacked[start : start + parameter.shape[0]]
+        start += parameter.shape[0]
+    return stacked
 
 
 def bf16_products_fast() -> bool:

@@ -69,6 +69,22 @@ def test_a_draft_with_its_kernels_gives_its_logits_up_to_rounding(which, tiny_pa
         torch.testing.assert_close(ours, theirs, rtol=tolerance, atol=tolerance)
 
 
+def test_the_fused_layers_hold_their_weights_once_and_their_modules_still_compute(tiny_pair_dirs):
+    plain = LoadedModel.load(ModelSettings(str(tiny_pair_dirs[1]))).model
+    fast = LoadedModel.load(ModelSettings(str(tiny_pair_dirs[1]), draft_kernels=True)).model
+    attention = fast.model.layers[0].self_attn
+    fused = fused_projections(attention, QKV)
+    for proj in (attention.q_proj, attention.k_proj, attention.v_proj):
+        assert type(proj) is nn.Linear  # its own oneDNN copy dropped
+        assert proj.weight.untyped_storage().data_ptr() == fused.weight.untyped_storage().data_ptr()
+    input_ids = torch.randint(1, 64, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        tolerance = 5e-2 if bf16_products_fast() else 1e-5
+        torch.testing.assert_close(
+            fast(input_ids=input_ids).logits, plain(input_ids=input_ids).logits, rtol=tolerance, atol=tolerance
+        )
+
+
 def test_the_kernels_can_be_dropped_for_the_meta_device(tiny_pair_dirs):
     model = LoadedModel.load(ModelSettings(str(tiny_pair_dirs[1]), draft_kernels=True)).model
     keys = set(model.state_dict())
