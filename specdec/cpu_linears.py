@@ -48,6 +48,11 @@ class OneDnnLinear(nn.Linear):
             return F.linear(hidden, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(hidden, self.packed_weight, self.bias, "none", [], "")
 
+    def revert(self) -> None:
+        """Turns this layer back into an nn.Linear, dropping oneDNN's copy of its weight."""
+        del self.packed_weight, self.min_rows
+        self.__class__ = nn.Linear
+
 
 def use_onednn_linears(model: nn.Module) -> int:
     """Runs a CPU float32 model's LM head (its output embeddings) on oneDNN, and its other nn.Linear layers for
@@ -73,5 +78,4 @@ def drop_onednn_copies(model: nn.Module) -> None:
     cannot follow the parameters, e.g. to the meta device)."""
     for module in model.modules():
         if isinstance(module, OneDnnLinear):
-            del module.packed_weight, module.min_rows
-            module.__class__ = nn.Linear
+            module.revert()

@@ -47,8 +47,7 @@ class FusedLinear:
         self.sizes = [layer.out_features for layer in layers]
         for layer in layers:
             if isinstance(layer, OneDnnLinear):
-                del layer.packed_weight, layer.min_rows
-                layer.__class__ = nn.Linear
+                layer.revert()
 
     def __call__(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """hidden [..., in_features] -> each layer's output [..., out_features_i] (views of one product)."""
@@ -74,13 +73,19 @@ class Bf16Linear(OneDnnLinear):
     place of the float32 one); float32 in, float32 out. Parameters and state_dict stay those of the nn.Linear."""
 
     @classmethod
-    def convert(cls, linear: nn.Linear, min_rows: int = 1) -> Bf16Linear:
+    def convert(cls, linear: nn.Linear) -> Bf16Linear:
         """Turns `linear` (an nn.Linear or OneDnnLinear; its weight may be tied to other modules) into a Bf16Linear."""
+        if isinstance(linear, OneDnnLinear):
+            linear.revert()  # its float32 copy
         linear.__class__ = cls
         linear.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().bfloat16(), None)
         linear.bf16_bias = linear.bias.detach().bfloat16() if linear.bias is not None else None
-        linear.min_rows = min_rows
         return linear
+
+    def revert(self) -> None:
+        """Turns this layer back into an nn.Linear, dropping its bfloat16 copies."""
+        del self.packed_weight, self.bf16_bias
+        self.__class__ = nn.Linear
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., in_features] -> float32 [..., out_features]."""
@@ -146,5 +151,4 @@ def drop_draft_kernels(model: nn.Module) -> None:
         vars(module).pop(QKV, None)
         vars(module).pop(GATE_UP, None)
         if isinstance(module, Bf16Linear):
-            del module.packed_weight, module.bf16_bias, module.min_rows
-            module.__class__ = nn.Linear
+            module.revert()
