@@ -46,9 +46,17 @@ class ModelSettings:
 
     @classmethod
     def of(cls, service_settings: object) -> ModelSettings:
-        """The model part of a service's settings: its fields of the same names (defaults for those it lacks)."""
-        names = [field.name for field in dataclasses.fields(cls) if hasattr(service_settings, field.name)]
+        """The model part of a service's settings: its fields of the same names. One it lacks raises
+        AttributeError, except those only some services offer (SERVICE_OPTIONAL), which keep their defaults."""
+        names = [
+            field.name
+            for field in dataclasses.fields(cls)
+            if field.name not in SERVICE_OPTIONAL or hasattr(service_settings, field.name)
+        ]
         return cls(**{name: getattr(service_settings, name) for name in names})
+
+
+SERVICE_OPTIONAL = frozenset({"draft_kernels"})  # the draft service's alone: a target never gets a draft's kernels
 
 
 class TokenizerMismatchError(ValueError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import types
 
 import pytest
 
@@ -41,3 +42,10 @@ def test_both_model_services_take_the_execution_settings_into_their_model_settin
         model = ModelSettings.of(parse_settings(service, flags, environ={}))
         assert (model.cuda_graphs, model.cuda_graph_max_tokens) == (False, 64)
         assert model.attention_backend is AttentionBackendChoice.FLEX
+
+
+def test_a_service_lacking_a_model_setting_fails_naming_it():
+    settings = parse_settings(VerifySettings, [], environ={})
+    lacking = types.SimpleNamespace(**{k: v for k, v in vars(settings).items() if k != "kv_block_size"})
+    with pytest.raises(AttributeError, match="kv_block_size"):
+        ModelSettings.of(lacking)
