@@ -87,6 +87,13 @@ class BlockSizer:
         """The size of a γ block that starts after tokens_before more commits: never draft past the budget."""
         return max(0, min(gamma, self.state.remaining - tokens_before - 1))
 
+    def lookup_size(self, tokens_before: int, size: int) -> int:
+        """Lookup tokens a block of `size` drafted tokens after tokens_before more commits may try (greedy only):
+        the block may grow by that + 1 (the draft's own next token), never past the budget."""
+        if not size or not self.state.plan.params.greedy:
+            return 0
+        return max(0, min(self.state.plan.lookup_tokens, self.state.remaining - tokens_before - size - 2))
+
     def guesses_that_fit(self, guesses: int, gamma: int, verified_tokens: int) -> int:
         """How many of `guesses` pre-drafts of a γ block fit inside the verification of a block of verified_tokens
         (all of them without adaptive γ, or while a replica's costs are unknown)."""

@@ -54,6 +54,7 @@ class GenerationPlan:
     overlap: bool
     predraft_guesses: int = 2  # overlapped mode: rejection guesses per block position (0: only "all accepted")
     chain_rounds: bool = True  # overlapped mode: pre-drafted blocks go to the verifier as drafted (VerifyNext)
+    lookup_tokens: int = 0  # greedy: lookup tokens a block may try after its drafted ones (specdec/prompt_lookup.py)
 
     @property
     def rejection_guesses(self) -> int:
@@ -194,7 +195,8 @@ class Generation:
             return DraftBlock([], None)
         committed = self.state.committed
         lane = max(self.state.lanes, key=lambda candidate: candidate.sync_to(committed)[0])
-        [block] = await self.calls.propose([LaneCall(lane, list(committed), num_tokens)], round_span)
+        lookup = self.sizing.lookup_size(0, num_tokens)
+        [block] = await self.calls.propose([LaneCall(lane, list(committed), num_tokens, lookup)], round_span)
         return block
 
     def _commit(self, block: DraftBlock, verdict: verifier_pb2.VerifyResponse, round_span: Context) -> Chunk:

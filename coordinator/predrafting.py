@@ -63,7 +63,9 @@ class Predrafter:
             if size <= 0:
                 continue
             num_tokens = size + 1 if guess.next_token is None else size  # + the drafter's own bonus guess
-            calls.append((guess, LaneCall(lane, guess.sequence(state.committed, block.token_ids), num_tokens)))
+            lookup = self.sizing.lookup_size(guess.accepted + 1, size)
+            sequence = guess.sequence(state.committed, block.token_ids)
+            calls.append((guess, LaneCall(lane, sequence, num_tokens, lookup)))
         if not calls:
             return None
         state.stats.predraft_attempts += 1

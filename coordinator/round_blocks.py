@@ -48,6 +48,7 @@ class LaneCall:
     lane: DraftLane
     sequence: list[int]
     num_tokens: int
+    lookup_tokens: int = 0  # greedy: lookup tokens the drafter may try after them (the block grows by up to + 1)
 
 
 @dataclass(frozen=True)

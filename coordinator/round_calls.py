@@ -50,6 +50,7 @@ class RoundCalls:
                     appended_token_ids=appended,
                     num_speculative_tokens=call.num_tokens,
                     num_alternatives=alternatives,
+                    num_lookup_tokens=call.lookup_tokens,
                 )
             )
         steps = max(call.num_tokens for call in calls)

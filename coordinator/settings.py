@@ -35,6 +35,12 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
     max_num_speculative_tokens: int = setting(16, "largest γ a request may ask for")
     max_new_tokens_limit: int = setting(1024, "largest max_new_tokens a request may ask for")
     max_context_tokens: int = setting(1024, "longest prompt + completion (at most the models' context)")
+    lookup_tokens: int = setting(
+        4,
+        "greedy requests: after a block's γ drafted tokens, try up to this many tokens that followed an earlier "
+        "copy of the sequence's last tokens, kept as far as the draft agrees, then its own next one, in one more "
+        "draft pass (0: off)",
+    )
     overlap: bool = setting(True, "pipeline rounds: draft block k+1 while block k is verified")
     chain_rounds: bool = setting(
         True,

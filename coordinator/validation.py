@@ -83,4 +83,5 @@ def plan_request(
         overlap=settings.overlap,
         chain_rounds=settings.chain_rounds,
         predraft_guesses=settings.predraft_guesses,
+        lookup_tokens=min(settings.lookup_tokens, max(0, settings.max_num_speculative_tokens - gamma - 1)),
     )

@@ -26,13 +26,15 @@ MODEL, NGRAM = "model", "ngram"
 @dataclass(frozen=True)
 class LaneProposal:
     """Sync one lane to base_len + appended_ids, then draft num_tokens tokens (and num_alternatives guesses of
-    the verifier's token per drafted position)."""
+    the verifier's token per drafted position; greedy, then up to num_lookup_tokens lookup tokens the draft
+    agrees with and its own next one: specdec/prompt_lookup.py)."""
 
     lane: int
     base_len: int
     appended_ids: Sequence[int]
     num_tokens: int
     num_alternatives: int = 0
+    num_lookup_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,12 @@ class DraftService:
             call.drafting = len(jobs)
             for slot, lane, proposal in jobs:
                 outcome = run.add(
-                    (index, slot, lane), lane.session, proposal.num_tokens, lane.params, proposal.num_alternatives
+                    (index, slot, lane),
+                    lane.session,
+                    proposal.num_tokens,
+                    lane.params,
+                    proposal.num_alternatives,
+                    proposal.num_lookup_tokens,
                 )
                 if outcome is not None:
                     drafted(index, slot, lane, outcome)
@@ -253,6 +260,11 @@ class DraftService:
                 "num_speculative_tokens",
                 f"{proposal.num_tokens} exceeds this drafter's limit of {self.max_tokens_per_lane} "
                 f"(max_speculative_tokens {self.settings.max_speculative_tokens} + the bonus-token guess)",
+            )
+        if proposal.num_lookup_tokens > self.settings.max_lookup_tokens:
+            raise InvalidFieldError(
+                "num_lookup_tokens",
+                f"{proposal.num_lookup_tokens} exceeds this drafter's limit of {self.settings.max_lookup_tokens}",
             )
         if proposal.num_alternatives > self.settings.max_alternatives:
             raise InvalidFieldError(

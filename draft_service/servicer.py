@@ -89,7 +89,14 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         appended = check_token_ids(
             request.appended_token_ids, self.service.vocab_size, "appended_token_ids", allow_empty=True
         )
-        return LaneProposal(lane, request.base_len, appended, request.num_speculative_tokens, request.num_alternatives)
+        return LaneProposal(
+            lane,
+            request.base_len,
+            appended,
+            request.num_speculative_tokens,
+            request.num_alternatives,
+            request.num_lookup_tokens,
+        )
 
     async def CloseSession(self, request: common_pb2.CloseSessionRequest, context) -> common_pb2.CloseSessionResponse:
         return common_pb2.CloseSessionResponse(closed=await self._batcher.run(self.service.close, request.session_id))

@@ -50,6 +50,7 @@ class DraftSettings(
         "pass (iteration-level batching) instead of waiting for the whole step",
     )
     max_alternatives: int = setting(8, "largest num_alternatives a Propose may ask for")
+    max_lookup_tokens: int = setting(8, "largest num_lookup_tokens a Propose may ask for (greedy lookup tokens)")
     default_draft_method: str = setting("model", "draft method for sessions that name none: model or ngram")
     ngram_min: int = setting(1, "n-gram drafter: shortest suffix matched")
     ngram_max: int = setting(4, "n-gram drafter: longest suffix matched")

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.draft_sampler import RowRequest, choose_rows
-from specdec.kv_session import KVSession, PlannedForward, run_forwards
+from specdec.errors import KVCacheFullError
+from specdec.kv_session import ContextOverflowError, KVSession, PlannedForward, run_forwards
+from specdec.prompt_lookup import lookup_continuation
 from specdec.row_sampling import BAD_LOGITS_MESSAGES, BadLogits, joined_rows
 from specdec.sampling import NonFiniteLogitsError, SamplingParams
 from specdec.step_batcher import only_result
@@ -34,6 +36,8 @@ class DraftJob:
     tokens: list[int] = field(default_factory=list)
     rows: list[torch.Tensor] = field(default_factory=list)  # the q rows [V] the tokens were drawn from
     alternatives: list[list[int]] = field(default_factory=list)
+    lookup_tokens: int = 0  # greedy only: lookup tokens to try after the drafted ones (specdec/prompt_lookup.py)
+    lookup: list[int] | None = None  # the lookup tokens in the pass under way, to keep as far as the draft agrees
 
     def take(self, token: int, ranked: Sequence[int], probs: torch.Tensor | None = None) -> None:
         """Records a token chosen at this position, and the q row [V] it was drawn from under the rejection rule.
@@ -46,6 +50,36 @@ class DraftJob:
             self.rows.append(probs)
         if self.num_alternatives:
             self.alternatives.append([t for t in ranked if t != token][: self.num_alternatives])
+
+    def start_lookup(self, token: int) -> PlannedForward | None:
+        """After the last drafted token: the pass that scores it and the lookup tokens after it, or None when
+        there is nothing to look up (not greedy, lookup off, no earlier copy, no room left)."""
+        if not self.lookup_tokens or not self.params.greedy:
+            return None
+        lookup = lookup_continuation([*self.session.tokens, token], self.lookup_tokens)
+        if not lookup:
+            return None
+        try:
+            lookup_pass = self.session.plan_extend([token, *lookup], score_previous=False)
+        except (ContextOverflowError, KVCacheFullError):  # no room for the lookup: the block ends as drafted
+            return None
+        self.lookup = lookup
+        return lookup_pass
+
+    def confirm_lookup(self, logits: torch.Tensor) -> Drafted:
+        """Keeps the lookup tokens as far as the draft's argmax agrees, then the draft's own token where they part
+        (or after the last); rolls the rest back. logits [k + 1, V]: after the last drafted token, after each
+        lookup token."""
+        lookup = self.lookup
+        ranked = torch.topk(logits, self.num_alternatives + 1, dim=-1).indices.tolist()  # [k + 1, A + 1]
+        kept = 0
+        while kept < len(lookup) and ranked[kept][0] == lookup[kept]:
+            kept += 1
+        self.session.truncate(len(self.session) - len(lookup) + kept)
+        self.session.append([ranked[kept][0]])  # the draft's own token stays pending, as every last drafted one
+        for position, token in enumerate([*lookup[:kept], ranked[kept][0]]):
+            self.take(token, ranked[position])
+        return self.result()
 
     def result(self) -> Drafted:
         probs = torch.stack(self.rows) if self.rows else None  # [γ, V]; none kept when greedy or coupled
@@ -97,11 +131,18 @@ class DraftRun:
         return any(plan.token_ids for _, _, plan in self._live)
 
     def add(
-        self, key: object, session: KVSession, num_tokens: int, params: SamplingParams, num_alternatives: int = 0
+        self,
+        key: object,
+        session: KVSession,
+        num_tokens: int,
+        params: SamplingParams,
+        num_alternatives: int = 0,
+        lookup_tokens: int = 0,
     ) -> Drafted | Exception | None:
-        """Starts drafting num_tokens tokens after the session's sequence; `key` names it in step()'s results.
-        Returns its outcome at once when there is nothing to draft or it cannot start (the error), else None."""
-        job = DraftJob(session, num_tokens, params, num_alternatives)
+        """Starts drafting num_tokens tokens after the session's sequence (then, greedy, up to lookup_tokens lookup
+        tokens the draft agrees with and its own next one); `key` names it in step()'s results. Returns its outcome
+        at once when there is nothing to draft or it cannot start (the error), else None."""
+        job = DraftJob(session, num_tokens, params, num_alternatives, lookup_tokens=lookup_tokens)
         if num_tokens == 0:
             return job.result()
         try:
@@ -118,17 +159,33 @@ class DraftRun:
             return finished
         still_live = []
         forwards = run_forwards([plan for _, _, plan in self._live])  # per job [logit rows, V]
-        step_logits = joined_rows([logits[-1:] for logits in forwards])  # [K, V]
-        for (key, job, _), token in zip(self._live, next_tokens([job for _, job, _ in self._live], step_logits)):
+        drafting = []  # indices of the jobs whose pass chose their next token
+        for index, (key, job, _) in enumerate(self._live):
+            if job.lookup is None:
+                drafting.append(index)
+                continue
+            try:
+                finished.append((key, job.confirm_lookup(forwards[index])))
+            except Exception as error:  # noqa: BLE001
+                finished.append((key, error))
+        if not drafting:
+            self._live = []
+            return finished
+        step_logits = joined_rows([forwards[index][-1:] for index in drafting])  # [K, V]
+        tokens = next_tokens([self._live[index][1] for index in drafting], step_logits)
+        for index, token in zip(drafting, tokens):
+            key, job, _ = self._live[index]
             if isinstance(token, Exception):
                 finished.append((key, token))
                 continue
             try:
                 if len(job.tokens) < job.num_tokens:
                     still_live.append((key, job, job.session.plan_extend([token], score_previous=False)))
-                    continue
-                job.session.append([token])
-                finished.append((key, job.result()))
+                elif (lookup_pass := job.start_lookup(token)) is not None:
+                    still_live.append((key, job, lookup_pass))
+                else:
+                    job.session.append([token])
+                    finished.append((key, job.result()))
             except Exception as error:  # noqa: BLE001
                 finished.append((key, error))
         self._live = still_live

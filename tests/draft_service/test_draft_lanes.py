@@ -79,6 +79,7 @@ def test_lanes_are_counted_and_closed_with_their_session(drafter):
         ([LaneProposal(0, len(PROMPT), [], 2), LaneProposal(0, len(PROMPT), [], 1)], "lanes"),
         ([LaneProposal(0, len(PROMPT), [], 2, num_alternatives=99)], "num_alternatives"),
         ([LaneProposal(0, len(PROMPT), [], 99)], "num_speculative_tokens"),
+        ([LaneProposal(0, len(PROMPT), [], 2, num_lookup_tokens=99)], "num_lookup_tokens"),
     ],
 )
 def test_bad_lane_proposals_name_the_field_and_fail_only_their_call(drafter, proposals, field):
