@@ -68,9 +68,12 @@ class DraftJob:
 
     def confirm_lookup(self, logits: torch.Tensor) -> Drafted:
         """Keeps the lookup tokens as far as the draft's argmax agrees, then the draft's own token where they part
-        (or after the last); rolls the rest back. logits [k + 1, V]: after the last drafted token, after each
-        lookup token."""
+        (or after the last); rolls the rest back, all of them if the logits hold NaN or +inf. logits [k + 1, V]:
+        after the last drafted token, after each lookup token."""
         lookup = self.lookup
+        if torch.isnan(logits).any() or torch.isposinf(logits).any():  # the block ends as drafted
+            self.session.truncate(len(self.session) - len(lookup))
+            return self.result()
         ranked = torch.topk(logits, self.num_alternatives + 1, dim=-1).indices.tolist()  # [k + 1, A + 1]
         kept = 0
         while kept < len(lookup) and ranked[kept][0] == lookup[kept]:

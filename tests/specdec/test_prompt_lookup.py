@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.drafting import DraftRun
-from specdec.kv_session import KVSession
+from specdec.drafting import DraftJob, DraftRun
+from specdec.kv_session import KVSession, run_forwards
 from specdec.prompt_lookup import lookup_continuation
 from specdec.sampling import SamplingParams
 
@@ -78,3 +78,16 @@ def test_no_lookup_leaves_the_block_at_its_drafted_size(tiny_pair, prompt, param
     _, model = tiny_pair
     session, drafted = draft(model, prompt, 3, params, lookup_tokens)
     assert len(drafted.token_ids) == 3 and len(session) == len(prompt) + 3
+
+
+def test_bad_logits_in_the_lookup_pass_end_the_block_as_drafted(tiny_pair):
+    _, model = tiny_pair
+    session = KVSession(model, PROMPT)
+    session.prefill()
+    job = DraftJob(session, 1, GREEDY, 0, lookup_tokens=4)
+    job.take(7, [7])
+    lookup_pass = job.start_lookup(7)
+    assert lookup_pass is not None
+    run_forwards([lookup_pass])
+    drafted = job.confirm_lookup(torch.full((len(job.lookup) + 1, model.vocab_size), float("nan")))
+    assert drafted.token_ids == [7] and session.tokens == [*PROMPT, 7]
