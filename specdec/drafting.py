@@ -11,7 +11,7 @@ from specdec.draft_sampler import RowRequest, choose_rows
 from specdec.errors import KVCacheFullError
 from specdec.kv_session import ContextOverflowError, KVSession, PlannedForward, run_forwards
 from specdec.prompt_lookup import lookup_continuation
-from specdec.row_sampling import BAD_LOGITS_MESSAGES, BadLogits, joined_rows
+from specdec.row_sampling import BAD_LOGITS_MESSAGES, BadLogits, bad_logits_codes, joined_rows
 from specdec.sampling import NonFiniteLogitsError, SamplingParams
 from specdec.step_batcher import only_result
 
@@ -68,13 +68,14 @@ class DraftJob:
 
     def confirm_lookup(self, logits: torch.Tensor) -> Drafted:
         """Keeps the lookup tokens as far as the draft's argmax agrees, then the draft's own token where they part
-        (or after the last); rolls the rest back, all of them if the logits hold NaN or +inf. logits [k + 1, V]:
-        after the last drafted token, after each lookup token."""
+        (or after the last); rolls the rest back, all of them if a row is bad (BadLogits: NaN or +inf, or no token
+        allowed). logits [k + 1, V]: after the last drafted token, after each lookup token."""
         lookup = self.lookup
-        if torch.isnan(logits).any() or torch.isposinf(logits).any():  # the block ends as drafted
+        top = torch.topk(logits, self.num_alternatives + 1, dim=-1)  # values, indices [k + 1, A + 1]
+        if bad_logits_codes(top.values[:, 0]).any():  # the block ends as drafted
             self.session.truncate(len(self.session) - len(lookup))
             return self.result()
-        ranked = torch.topk(logits, self.num_alternatives + 1, dim=-1).indices.tolist()  # [k + 1, A + 1]
+        ranked = top.indices.tolist()
         kept = 0
         while kept < len(lookup) and ranked[kept][0] == lookup[kept]:
             kept += 1
