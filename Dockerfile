@@ -27,7 +27,7 @@ ENV PYTHONUNBUFFERED=1 \
 
 WORKDIR /app
 
-# g++ builds the CPU attention kernel when a CPU service first starts (specdec/ragged_attention.py; cached under
+# g++ builds the CPU attention kernel when a CPU service first starts (specdec/engine/attention/ragged_attention.py; cached under
 # $XDG_CACHE_HOME/torch_extensions); GPU services do not use it.
 RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/*
 

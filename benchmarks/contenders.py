@@ -19,9 +19,9 @@ import torch
 
 from benchmarks.stack_runs import timed_generate
 from specdec.client import Client
-from specdec.model_runtime import LoadedModel
-from specdec.reference_loop import speculative_generate, target_only_generate
-from specdec.sampling import SamplingParams, SamplingRule
+from specdec.decoding.reference_loop import speculative_generate, target_only_generate
+from specdec.engine.model_runtime import LoadedModel
+from specdec.sampling.rules import SamplingParams, SamplingRule
 
 
 @dataclass

@@ -10,7 +10,7 @@ step; γ+1: a verify block), repeated on the same positions so every sample sees
 - `project_step`: the project's step as its services run it with `--no-cuda-graphs`: `KVSession.plan_extend` for
   every row, one `run_forwards` (a packed `LoadedModel.forward_rows` pass), then the rollback to `context`;
 - `project_step_cuda_graphs`: the same step replayed from the CUDA graph the runtime captured for its bucket
-  (specdec/cuda_graph_steps.py), as the services run it by default on CUDA;
+  (specdec/engine/cuda_graph_steps.py), as the services run it by default on CUDA;
 - the bandwidth bound: weight bytes / the device's measured copy bandwidth, the least time a step can take.
 
 Imports only torch and transformers at module level; the project's modules load inside the functions that use them.
@@ -109,7 +109,7 @@ class StaticCacheStep:
 
     def captured(self) -> Step:
         """This step captured in a CUDA graph (after warm-up passes on a side stream); returns its replay."""
-        from specdec.cuda_graph_steps import capture_graph
+        from specdec.engine.cuda_graph_steps import capture_graph
 
         replay, _ = capture_graph(self, warmups=3)
         return replay
@@ -118,7 +118,7 @@ class StaticCacheStep:
 def load_project_model(model: PreTrainedModel, tokenizer, name: str):
     """`model` as the project's runtime holds it (a LoadedModel on the model's device). This switches the model's
     attention to the packed kernel, so time the HF contenders on it first."""
-    from specdec.model_runtime import LoadedModel, ModelSettings
+    from specdec.engine.model_runtime import LoadedModel, ModelSettings
 
     dtype_name = str(model.dtype).removeprefix("torch.")
     return LoadedModel(ModelSettings(model=name, device=str(model.device), dtype=dtype_name), model, tokenizer)
@@ -128,7 +128,7 @@ def project_step(loaded, batch: int, context: int, drafted: int, seed: int = 0, 
     """The project's step on a LoadedModel: `batch` sessions holding `context` tokens, each feeding its last
     token plus `drafted` new ones in one packed pass, then rolled back to `context`; eager, or (graphs) through
     the model's captured CUDA graphs."""
-    from specdec.kv_session import KVSession, run_forwards
+    from specdec.engine.kv.session import KVSession, run_forwards
 
     prompts = random_ids(batch, context, loaded.vocab_size, seed).tolist()
     sessions = [KVSession(loaded, prompt) for prompt in prompts]

@@ -21,8 +21,8 @@ import time
 import torch
 
 from benchmarks.stack_runs import environment, results_dir, write_json
-from specdec.round_judge import DraftRound, judge_rounds
-from specdec.sampling import SamplingParams, SamplingRule, logits_to_probs, sample_verdict
+from specdec.sampling.round_judge import DraftRound, judge_rounds
+from specdec.sampling.rules import SamplingParams, SamplingRule, logits_to_probs, sample_verdict
 
 VOCAB = 8192
 GAMMA = 4

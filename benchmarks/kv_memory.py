@@ -29,12 +29,12 @@ from draft_service.service import DraftService
 from draft_service.servicer import DrafterServicer
 from draft_service.settings import DraftSettings
 from specdec.client import Client
-from specdec.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
-from specdec.kv_budget import block_bytes
-from specdec.kv_pool import KVPool
+from specdec.engine.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
+from specdec.engine.kv.budget import block_bytes
+from specdec.engine.kv.pool import KVPool
+from specdec.engine.model_runtime import LoadedModel, ModelSettings
 from specdec.local_stack import start_service
-from specdec.model_runtime import LoadedModel, ModelSettings
-from specdec.serving import start_server
+from specdec.serving.server import start_server
 from specdec.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from verify_service.service import VerifyService
 from verify_service.servicer import VerifierServicer

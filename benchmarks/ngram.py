@@ -20,7 +20,7 @@ import statistics
 
 from benchmarks.stack_runs import RequestRun, environment, prompt_texts, results_dir, timed_generate, totals, write_json
 from specdec.client import Client
-from specdec.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
+from specdec.engine.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
 from specdec.local_stack import LocalStack
 from specdec.v1 import common_pb2
 

@@ -5,7 +5,7 @@
 
 One LocalStack: a draft service (--threads 1) and a verify service (--threads 1), each its own process,
 and one coordinator per mode on those same replicas: sequential (`--no-overlap`) and one per pre-draft
-policy (coordinator/predraft.py): "all_accepted" (`--predraft-guesses 0`: the single guess that the whole
+policy (coordinator/verdict_guesses.py): "all_accepted" (`--predraft-guesses 0`: the single guess that the whole
 block is accepted and the bonus token is the draft's own), and "guesses_N" (also N rejection guesses per block
 position, each a position and one of the draft's next most likely tokens there, ranked by the request's verdicts
 so far; guesses_2 is the default).
@@ -43,8 +43,8 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.text_stream import TextStream
 from coordinator.validation import plan_request
 from specdec.client import Client, build_request
-from specdec.cpu_affinity import pin_cpus
-from specdec.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
+from specdec.engine.cpu_affinity import pin_cpus
+from specdec.engine.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
 from specdec.local_stack import LocalStack
 from specdec.v1 import drafter_pb2_grpc, verifier_pb2_grpc
 

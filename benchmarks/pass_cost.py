@@ -5,7 +5,7 @@ per pass.
 For each cached context length L and row count R, R sessions holding L tokens each (or, with --context-spread S,
 lengths spaced evenly over L ± S/2 in random slot order, as sessions at different points of their requests hold;
 the one-row passes hold the length nearest L) score a block of γ drafted tokens (γ + 1 tokens fed per row) in
-one packed pass, the forward the verify service runs for a step (`specdec.kv_session.run_forwards`); the block
+one packed pass, the forward the verify service runs for a step (`specdec.engine.kv.session.run_forwards`); the block
 is then rolled back, so every sample sees the same lengths. The (L, R) points are timed round-robin, `--repeats`
 rounds, so drift hits them alike. The report gives per point the median pass time and the batching gain
 R × pass(L, 1 row) / pass(L, R rows): how many times less target time a session's round costs in a pass of R
@@ -40,10 +40,10 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.attention_backends import AttentionBackendChoice
-from specdec.embedded_pair import DEMO_TARGET_DIR
-from specdec.kv_session import KVSession, run_forwards
-from specdec.model_runtime import LoadedModel, ModelSettings
+from specdec.engine.attention.selection import AttentionBackendChoice
+from specdec.engine.embedded_pair import DEMO_TARGET_DIR
+from specdec.engine.kv.session import KVSession, run_forwards
+from specdec.engine.model_runtime import LoadedModel, ModelSettings
 
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
 

@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from benchmarks.stack_runs import RequestRun, environment, prompt_texts, results_dir, timed_generate, totals, write_json
 from specdec.client import Client
-from specdec.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
+from specdec.engine.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
 from specdec.local_stack import LocalStack
 
 MODES = {  # mode -> its coordinator's extra flags

@@ -51,10 +51,10 @@ from benchmarks.stack_runs import pinned_cores, results_dir
 from benchmarks.step_timing import measure_pair
 from load_tests.sweep import environment
 from specdec.client import Client
-from specdec.cpu_affinity import parse_cpus
-from specdec.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
+from specdec.engine.cpu_affinity import parse_cpus
+from specdec.engine.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
+from specdec.engine.model_runtime import LoadedModel, ModelSettings, check_same_vocabulary
 from specdec.local_stack import LocalStack
-from specdec.model_runtime import LoadedModel, ModelSettings, check_same_vocabulary
 
 SCHEMA_VERSION = 2
 SWEEP_CONTENDERS = ("reference_loop", "grpc_overlap")

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import DynamicCache
 
-from specdec.kv_session import KVSession
-from specdec.model_runtime import LoadedModel
+from specdec.engine.kv.session import KVSession
+from specdec.engine.model_runtime import LoadedModel
 
 
 def _median_ms(samples_ns: list[int]) -> float:

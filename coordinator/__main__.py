@@ -11,19 +11,19 @@ from collections.abc import Callable
 from transformers import AutoTokenizer, GenerationConfig
 
 from coordinator.background_tasks import BackgroundTasks
-from coordinator.generation import MAX_RANKED_ALTERNATIVES
 from coordinator.replica_discovery import ReplicaDiscovery
 from coordinator.replica_targets import DnsResolver, ReplicaTargets
 from coordinator.replicas import Replica, ReplicaPool
 from coordinator.request_guard import RequestGuard
+from coordinator.request_plan import MAX_RANKED_ALTERNATIVES
 from coordinator.servicer import CoordinatorServicer
 from coordinator.settings import CoordinatorSettings
-from specdec.cpu_affinity import pin_cpus
-from specdec.model_runtime import VocabularyIdentity, check_same_vocabulary, tokenizer_sha256
-from specdec.serving import RunningServer, configure_logging, start_server, wait_for_termination
-from specdec.settings import parse_settings
+from specdec.common.settings import parse_settings
+from specdec.engine.cpu_affinity import pin_cpus
+from specdec.engine.model_runtime import VocabularyIdentity, check_same_vocabulary, tokenizer_sha256
+from specdec.serving.server import RunningServer, configure_logging, start_server, wait_for_termination
+from specdec.serving.tls import channel_credentials, server_credentials, server_name_options
 from specdec.telemetry import start_telemetry
-from specdec.tls import channel_credentials, server_credentials, server_name_options
 from specdec.v1 import coordinator_pb2, coordinator_pb2_grpc, drafter_pb2_grpc, verifier_pb2_grpc
 
 log = logging.getLogger("coordinator")

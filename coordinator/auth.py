@@ -18,9 +18,9 @@ import grpc
 import redis
 
 from coordinator.api_keys import ApiKey, ApiKeyStore
-from specdec.errors import DownstreamUnavailableError, UnauthenticatedError
-from specdec.grpc_errors import status_for
-from specdec.grpc_handlers import wrap_handler
+from specdec.common.errors import DownstreamUnavailableError, UnauthenticatedError
+from specdec.serving.grpc_errors import status_for
+from specdec.serving.grpc_handlers import wrap_handler
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """One request's draft -> verify -> commit rounds across a draft and a verify replica.
 
 Sequential mode: Propose(block k) then Verify(block k). Overlapped mode: while Verify(block k) runs, the drafter
-already drafts block k+1 under guessed verdicts of block k (coordinator/predrafting.py); a verdict that matches a
+already drafts block k+1 under guessed verdicts of block k (coordinator/predrafter.py); a verdict that matches a
 guess sends that block straight to the verifier, otherwise the next block is drafted afresh. Draws are keyed by
 (seed, position), so both modes commit the same tokens.
 
@@ -17,87 +17,23 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 
 from opentelemetry.context import Context
 
 from coordinator.block_sizing import BlockSizer
 from coordinator.generation_state import GenerationState
-from coordinator.predrafting import Predrafter
+from coordinator.predrafter import Predrafter
 from coordinator.replica_sessions import ReplicaSessions
 from coordinator.replicas import Replica
+from coordinator.request_plan import GenerationPlan
+from coordinator.request_stats import RequestStats
 from coordinator.request_telemetry import RequestTelemetry
 from coordinator.round_blocks import ChainedRound, DraftBlock, LaneCall
 from coordinator.round_calls import RoundCalls
 from coordinator.speculation_gate import SpeculationGate
 from coordinator.speculation_policy import AcceptanceRate, RoundTimes
 from coordinator.text_stream import Chunk, TextStream
-from specdec.sampling import SamplingParams
-from specdec.speculation_stats import SpeculationStats
 from specdec.v1 import verifier_pb2
-
-MAX_DRAFT_LANES = 16  # lanes one request may hold on a drafter (its default max_lanes); the least likely guesses go
-MAX_RANKED_ALTERNATIVES = 8  # alternatives per drafted position a drafter ranks (its default max_alternatives)
-EXTRA_RANKED_ALTERNATIVES = 2  # ranks considered for rejection guesses beyond the guesses per position
-
-
-@dataclass(frozen=True)
-class GenerationPlan:
-    """A validated request, ready to run."""
-
-    request_id: str
-    prompt_ids: list[int]
-    max_new_tokens: int
-    params: SamplingParams
-    gamma: int  # 0 = plain target decoding through the verifier
-    draft_method: int  # common_pb2.DraftMethod
-    overlap: bool
-    predraft_guesses: int = 2  # overlapped mode: rejection guesses per block position (0: only "all accepted")
-    chain_rounds: bool = True  # overlapped mode: pre-drafted blocks go to the verifier as drafted (VerifyNext)
-    lookup_tokens: int = 0  # greedy: lookup tokens a block may try after its drafted ones (specdec/prompt_lookup.py)
-
-    @property
-    def rejection_guesses(self) -> int:
-        """Rejection guesses per block position: greedy and coupled requests only. There the verifier's token
-        after a rejection is the target's argmax (of log p + g under the coupled rule), which the draft's ranking
-        (of log q + g) often names; under the rejection rule it is a draw from the residual distribution, which
-        the draft's ranking seldom names (pre-draft hit rate 0.08 at temperature 1 on the demo pair, against
-        0.69 greedy), so those lanes would cost without paying."""
-        guessable = self.params.greedy or self.params.coupled
-        return self.predraft_guesses if self.overlap and guessable else 0
-
-    @property
-    def ranked_alternatives(self) -> int:
-        """The draft's next most likely tokens per position that rejection guesses are chosen from: a few ranks
-        deeper than the guesses per position, so a request whose verdicts keep landing deeper gets lanes there
-        (coordinator/predraft.py: VerdictHistory)."""
-        if not self.rejection_guesses:
-            return 0
-        return min(self.rejection_guesses + EXTRA_RANKED_ALTERNATIVES, MAX_RANKED_ALTERNATIVES)
-
-    @property
-    def draft_lanes(self) -> int:
-        """Draft lanes the request holds: one per guess a pre-draft may make (one when not overlapped)."""
-        return min(1 + self.gamma * self.rejection_guesses, MAX_DRAFT_LANES) if self.overlap and self.gamma else 1
-
-
-@dataclass
-class RequestStats(SpeculationStats):
-    """Speculation counts plus where the time went (ns) and how pre-drafting fared."""
-
-    draft_ns: int = 0
-    verify_ns: int = 0
-    sampling_ns: int = 0
-    wire_ns: int = 0
-    prefill_ns: int = 0
-    total_ns: int = 0
-    predraft_attempts: int = 0
-    predraft_hits: int = 0
-    predraft_guesses: int = 0  # guessed verdicts drafted, over all pre-drafted rounds
-    chained_rounds: int = 0  # rounds the verifier ran right after the previous verdict (VerifyNext)
-    draft_fallbacks: int = 0  # times the drafter failed and the request went on by plain decoding
-    wire_bytes: int = 0  # serialized request + response bytes of the rounds' ProposeLanes, Verify, VerifyNext calls
-    round_timeline: list[tuple[str, int, int]] = field(default_factory=list)  # (stage, start_ns, end_ns)
 
 
 class Generation:

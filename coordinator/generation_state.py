@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
-from coordinator.predraft import DraftLane, VerdictHistory
+from coordinator.draft_lanes import DraftLane
+from coordinator.request_plan import GenerationPlan
+from coordinator.request_stats import RequestStats
 from coordinator.request_telemetry import RequestTelemetry
-
-if TYPE_CHECKING:
-    from coordinator.generation import GenerationPlan, RequestStats
+from coordinator.verdict_guesses import VerdictHistory
 
 
 class GenerationState:

@@ -12,7 +12,7 @@ import redis.asyncio
 
 from coordinator.api_keys import ApiKey
 from coordinator.redis_state import RedisKeys
-from specdec.errors import CapacityError
+from specdec.common.errors import CapacityError
 
 # KEYS: request bucket, token bucket. ARGV: requests/min, tokens/min, request cost, token cost (< 0 refunds).
 # Returns {0, 0} when taken, else {bucket index (1 requests, 2 tokens), ms until it could pay}.

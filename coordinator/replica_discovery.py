@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 
 from coordinator.replica_targets import ReplicaTargets
 from coordinator.replicas import Replica, ReplicaPool
-from specdec.errors import DownstreamUnavailableError
+from specdec.common.errors import DownstreamUnavailableError
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import grpc
 
-from specdec.errors import (
+from specdec.common.errors import (
     CapacityError,
     DownstreamUnavailableError,
     InvalidFieldError,

@@ -19,9 +19,9 @@ from coordinator.close_retry import retry_close_later
 from coordinator.generation_state import GenerationState
 from coordinator.replica_errors import replica_error
 from coordinator.replicas import Replica
-from specdec.errors import InvalidFieldError, ReplicaUnreachableError, SpecDecError
+from specdec.common.errors import InvalidFieldError, ReplicaUnreachableError, SpecDecError
+from specdec.serving.wire import SAMPLING_RULE_ENUMS, sampling_to_proto
 from specdec.v1 import common_pb2, drafter_pb2, verifier_pb2
-from specdec.wire import SAMPLING_RULE_ENUMS, sampling_to_proto
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import dns.asyncresolver
 import dns.exception
 
-from specdec.errors import DownstreamUnavailableError
+from specdec.common.errors import DownstreamUnavailableError
 
 log = logging.getLogger(__name__)
 DNS_PREFIX = "dns:///"

@@ -13,11 +13,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from coordinator.background_tasks import BackgroundTasks
 from coordinator.speculation_policy import PassLoad
-from specdec.errors import DownstreamUnavailableError
-from specdec.grpc_options import channel_options
-from specdec.step_cost import StepCost
-from specdec.telemetry.grpc_telemetry import trace_context_interceptors
-from specdec.tls import open_aio_channel
+from specdec.common.errors import DownstreamUnavailableError
+from specdec.engine.step_cost import StepCost
+from specdec.serving.grpc_options import channel_options
+from specdec.serving.grpc_telemetry import trace_context_interceptors
+from specdec.serving.tls import open_aio_channel
 from specdec.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class Replica(Generic[StubT]):
 
 class ReplicaPool(Generic[StubT]):
     """Spreads sessions over replicas by load (fewest active sessions); a session stays on its replica.
-    Channels use TLS when given credentials (specdec/tls.py). Replicas join and retire while it serves
+    Channels use TLS when given credentials (specdec/serving/tls.py). Replicas join and retire while it serves
     (coordinator/replica_discovery.py)."""
 
     def __init__(

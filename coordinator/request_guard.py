@@ -33,15 +33,15 @@ from transformers import PreTrainedTokenizerBase
 
 from coordinator.api_keys import ApiKey, ApiKeyStore
 from coordinator.auth import ApiKeyInterceptor, current_api_key
-from coordinator.generation import GenerationPlan
 from coordinator.journal import RequestJournal
 from coordinator.rate_limits import RateLimiter
 from coordinator.redis_state import RedisKeys, connect, describe_url
 from coordinator.replicas import ReplicaPool
+from coordinator.request_plan import GenerationPlan
 from coordinator.session_registry import SessionRegistry
 from coordinator.settings import CoordinatorSettings
 from coordinator.text_stream import TextStream
-from specdec.errors import CapacityError, DownstreamUnavailableError, InvalidFieldError, RequestInProgressError
+from specdec.common.errors import CapacityError, DownstreamUnavailableError, InvalidFieldError, RequestInProgressError
 from specdec.v1 import coordinator_pb2
 
 log = logging.getLogger(__name__)

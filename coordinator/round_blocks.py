@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from coordinator.predraft import DraftLane, Guess
+from coordinator.draft_lanes import DraftLane
+from coordinator.verdict_guesses import Guess
 from specdec.v1 import common_pb2, drafter_pb2
 
 

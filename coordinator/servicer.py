@@ -8,19 +8,21 @@ from collections.abc import AsyncIterator
 
 from transformers import PreTrainedTokenizerBase
 
-from coordinator.generation import Generation, GenerationPlan, RequestStats
+from coordinator.generation import Generation
 from coordinator.read_ahead import read_ahead
 from coordinator.replicas import ReplicaPool
 from coordinator.request_guard import GuardedRequest, RequestGuard
+from coordinator.request_plan import GenerationPlan
+from coordinator.request_stats import RequestStats
 from coordinator.request_telemetry import RequestTelemetry
 from coordinator.settings import CoordinatorSettings
 from coordinator.speculation_gate import SpeculationGate
 from coordinator.speculation_policy import AcceptanceRate, RoundTimes
 from coordinator.validation import plan_request
-from specdec.errors import ReplicaUnreachableError
+from specdec.common.errors import ReplicaUnreachableError
+from specdec.serving.wire import SAMPLING_RULE_ENUMS
 from specdec.telemetry.metrics import speculation_metrics
 from specdec.v1 import coordinator_pb2, coordinator_pb2_grpc
-from specdec.wire import SAMPLING_RULE_ENUMS
 
 log = logging.getLogger(__name__)
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.cpu_affinity import CpuAffinitySettings
-from specdec.embedded_pair import DEMO_TARGET_DIR
-from specdec.sampling import SamplingRule
-from specdec.settings import setting
-from specdec.tls import ServerTlsSettings
+from specdec.common.settings import setting
+from specdec.engine.cpu_affinity import CpuAffinitySettings
+from specdec.engine.embedded_pair import DEMO_TARGET_DIR
+from specdec.sampling.rules import SamplingRule
+from specdec.serving.tls import ServerTlsSettings
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
     # Limits beyond the context (RESOURCE_EXHAUSTED).
     max_prompt_tokens: int = setting(0, "longest prompt accepted, in tokens (0: the context is the limit)")
     max_total_tokens: int = setting(0, "most prompt + max_new_tokens per request (0: the context is the limit)")
-    # TLS of the channels to the draft and verify replicas (specdec/tls.py).
+    # TLS of the channels to the draft and verify replicas (specdec/serving/tls.py).
     replica_tls_ca: str = setting("", "PEM CA of the replicas' server certificates: turns TLS on towards them")
     replica_tls_cert: str = setting("", "PEM client certificate for the replicas (mutual TLS)")
     replica_tls_key: str = setting("", "PEM private key of replica_tls_cert")

@@ -4,7 +4,7 @@ A round that drafts γ tokens commits on average E(γ) = (1 - α^(γ+1)) / (1 - 
 α = the request's acceptance rate) and costs γ batched draft passes plus one verify pass, plus the time each
 call spends outside the services (wire, queueing, the coordinator's own work: W_d, W_v, measured per call).
 With R sessions in the verifier's batch, each feeding γ+1 tokens, the verify pass costs V(R·(γ+1)), where V is
-the verifier's measured pass cost (specdec/step_cost.py); a draft pass over the drafter's R_d sessions costs
+the verifier's measured pass cost (specdec/engine/step_cost.py); a draft pass over the drafter's R_d sessions costs
 D(R_d). A block drafted afresh under load arrives while the verifier runs the other sessions' next pass and waits
 for it: with R > 1 that adds (1 - 1/R)·(V - the draft time) when the pass is the longer. In overlapped mode the
 rounds whose block was pre-drafted (the request's own pre-draft hit rate h) skip both, so they count (1 - h) times:
@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from specdec.step_cost import StepCost
+from specdec.engine.step_cost import StepCost
 
 MIN_TIMED_ROUNDS = 16  # rounds of a kind before its realized/predicted ratio is used
 ROUND_TIME_SMOOTHING = 0.05  # weight of the newest round in the realized and predicted averages

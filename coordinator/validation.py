@@ -8,12 +8,12 @@ import uuid
 
 from transformers import PreTrainedTokenizerBase
 
-from coordinator.generation import GenerationPlan
+from coordinator.request_plan import GenerationPlan
 from coordinator.settings import CoordinatorSettings
-from specdec.errors import InvalidFieldError
-from specdec.sampling import SamplingRule
+from specdec.common.errors import InvalidFieldError
+from specdec.sampling.rules import SamplingRule
+from specdec.serving.wire import check_token_ids, sampling_from_proto
 from specdec.v1 import common_pb2, coordinator_pb2
-from specdec.wire import check_token_ids, sampling_from_proto
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256

@@ -4,7 +4,7 @@
     python -m demo_pair.measure --prompts 5 --max-new-tokens 16 --step-repeats 5   # a quick look
 
 Loads `models/demo-target` and `models/demo-draft`, refuses them unless their tokenizers match, then
-measures with the project's own in-process speculative loop (`specdec.reference_loop`):
+measures with the project's own in-process speculative loop (`specdec.decoding.reference_loop`):
 
 - acceptance rate α = accepted / drafted over every round of every prompt, at temperature 0 and 1;
 - cost ratio c = draft step time / target step time: one token at batch 1 after a warm KV cache of a
@@ -33,11 +33,11 @@ import transformers
 
 from demo_pair.corpus import HELD_OUT_PERCENT
 from load_tests.prompts import code_prompts
-from specdec.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
-from specdec.model_runtime import LoadedModel, ModelSettings, check_same_vocabulary
-from specdec.reference_loop import speculative_generate
-from specdec.sampling import SamplingParams
-from specdec.speculation_stats import SpeculationStats
+from specdec.decoding.reference_loop import speculative_generate
+from specdec.engine.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
+from specdec.engine.model_runtime import LoadedModel, ModelSettings, check_same_vocabulary
+from specdec.sampling.rules import SamplingParams
+from specdec.sampling.speculation_stats import SpeculationStats
 
 
 def expected_tokens_per_round(alpha: float, gamma: int) -> float:
@@ -265,7 +265,7 @@ def model_card(role: str, model_dir: pathlib.Path, partner_dir: pathlib.Path, me
         f"Target `{pair['target']}` with draft `{pair['draft']}`, γ = {gamma}, "
         f"{pair['prompts']} held-out code prompts (windows of held-out stdlib files, "
         f"`load_tests.prompts.code_prompts`), up to {pair['max_new_tokens']} new tokens each, "
-        f"in-process loop `specdec.reference_loop.speculative_generate`.",
+        f"in-process loop `specdec.decoding.reference_loop.speculative_generate`.",
         "",
         "| figure | value |",
         "| --- | --- |",

@@ -9,14 +9,14 @@ import sys
 from draft_service.service import DraftService
 from draft_service.servicer import DrafterServicer
 from draft_service.settings import DraftSettings
-from specdec.cpu_affinity import pin_cpus
-from specdec.model_process import ModelProcess, serving_model
-from specdec.model_runtime import LoadedModel, ModelSettings
-from specdec.serving import configure_logging, start_server, wait_for_termination
-from specdec.settings import parse_settings
+from specdec.common.settings import parse_settings
+from specdec.engine.cpu_affinity import pin_cpus
+from specdec.engine.model_process import ModelProcess, serving_model
+from specdec.engine.model_runtime import LoadedModel, ModelSettings
+from specdec.serving.server import configure_logging, start_server, wait_for_termination
+from specdec.serving.tls import server_credentials
 from specdec.telemetry import start_telemetry
 from specdec.telemetry.metrics import observe_batch
-from specdec.tls import server_credentials
 from specdec.v1 import drafter_pb2, drafter_pb2_grpc
 
 log = logging.getLogger("draft_service")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from draft_service.drafter import DraftSession
 from draft_service.model_drafter import ModelDraftSession
-from specdec.errors import InvalidFieldError
+from specdec.common.errors import InvalidFieldError
 
 
 class DraftLanes:

@@ -6,10 +6,10 @@ import copy
 from collections.abc import Sequence
 
 from draft_service.drafter import Proposal
-from specdec.drafting import draft_with_model
-from specdec.kv_session import KVSession
-from specdec.model_runtime import LoadedModel
-from specdec.sampling import SamplingParams
+from specdec.decoding.drafting import draft_with_model
+from specdec.engine.kv.session import KVSession
+from specdec.engine.model_runtime import LoadedModel
+from specdec.sampling.rules import SamplingParams
 
 
 class ModelDraftSession:

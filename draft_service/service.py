@@ -11,14 +11,14 @@ from draft_service.lanes import DraftLanes
 from draft_service.model_drafter import ModelDraftSession
 from draft_service.ngram_drafter import NgramDraftSession, NgramSettings
 from draft_service.settings import DraftSettings
-from specdec.drafting import Drafted, DraftRun
-from specdec.errors import InvalidFieldError, KVCacheFullError, StaleBaseLenError
-from specdec.kv_session import run_forwards
-from specdec.model_runtime import LoadedModel
-from specdec.sampling import SamplingParams
-from specdec.session_store import SessionStore
-from specdec.step_batcher import JoiningStep, only_result, run_joining
-from specdec.step_cost import calibrate
+from specdec.common.errors import InvalidFieldError, KVCacheFullError, StaleBaseLenError
+from specdec.decoding.drafting import Drafted, DraftRun
+from specdec.engine.kv.session import run_forwards
+from specdec.engine.model_runtime import LoadedModel
+from specdec.engine.step_batcher import JoiningStep, only_result, run_joining
+from specdec.engine.step_cost import calibrate
+from specdec.sampling.rules import SamplingParams
+from specdec.serving.session_store import SessionStore
 
 MODEL, NGRAM = "model", "ngram"
 
@@ -27,7 +27,7 @@ MODEL, NGRAM = "model", "ngram"
 class LaneProposal:
     """Sync one lane to base_len + appended_ids, then draft num_tokens tokens (and num_alternatives guesses of
     the verifier's token per drafted position; greedy, then up to num_lookup_tokens lookup tokens the draft
-    agrees with and its own next one: specdec/prompt_lookup.py)."""
+    agrees with and its own next one: specdec/sampling/prompt_lookup.py)."""
 
     lane: int
     base_len: int
@@ -93,7 +93,7 @@ class DraftService:
     def max_tokens_per_lane(self) -> int:
         """Most tokens one lane may draft: a block of max_speculative_tokens plus one, the guess of the verifier's
         bonus token that a coordinator's "all accepted" pre-draft lane drafts ahead of its block
-        (coordinator/predrafting.py), so that a request at the largest γ can pre-draft."""
+        (coordinator/predrafter.py), so that a request at the largest γ can pre-draft."""
         return self.settings.max_speculative_tokens + 1
 
     @property

@@ -1,6 +1,6 @@
 """The Drafter gRPC servicer: decodes requests, queues them for DraftService's model thread, encodes replies.
 
-Opens and Propose calls that arrive while a step runs are batched into the next step (specdec/step_batcher.py);
+Opens and Propose calls that arrive while a step runs are batched into the next step (specdec/engine/step_batcher.py);
 Propose calls join a running propose step before its next pass (--join-running-step).
 """
 
@@ -10,11 +10,11 @@ from collections.abc import Callable
 from contextlib import nullcontext
 
 from draft_service.service import MODEL, NGRAM, DraftService, LaneProposal, ProposeResult
-from specdec.kv_admission import KVAdmission
-from specdec.session_store import expire_idle_sessions
-from specdec.step_batcher import StepBatcher
+from specdec.engine.kv.admission import KVAdmission
+from specdec.engine.step_batcher import StepBatcher
+from specdec.serving.session_store import expire_idle_sessions
+from specdec.serving.wire import check_token_ids, kv_block_info, probs_to_proto, session_sampling_from_proto
 from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
-from specdec.wire import check_token_ids, kv_block_info, probs_to_proto, session_sampling_from_proto
 
 METHOD_NAMES = {
     common_pb2.DRAFT_METHOD_UNSPECIFIED: None,
@@ -26,7 +26,7 @@ METHOD_ENUMS = {MODEL: common_pb2.DRAFT_METHOD_MODEL, NGRAM: common_pb2.DRAFT_ME
 
 def _after_a_verification(result: object) -> bool:
     """A session's next Propose follows the verification of what it drafted: never at once, so the model
-    thread does not hold a step back for it (specdec/step_batcher.py)."""
+    thread does not hold a step back for it (specdec/engine/step_batcher.py)."""
     return False
 
 
@@ -54,7 +54,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         self._batcher.close()
 
     async def expire_idle_sessions(self) -> None:
-        """Runs until cancelled: closes sessions idle past --session-idle-ttl-s (specdec/session_store.py)."""
+        """Runs until cancelled: closes sessions idle past --session-idle-ttl-s (specdec/serving/session_store.py)."""
         service = self.service
         await expire_idle_sessions(
             service.sessions, service.settings.session_idle_ttl_s, service.close, self._batcher.run

@@ -25,7 +25,7 @@ from load_tests.plots import plot_report
 from load_tests.prompts import PROMPT_SETS
 from load_tests.report import summary_text, write_csv, write_json
 from load_tests.sweep import MODES, Sweep, SweepConfig
-from specdec.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
+from specdec.engine.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
 from specdec.local_stack import REPO_ROOT, LocalStack
 
 DEFAULT_OUT = REPO_ROOT / "load_tests" / "results" / "latest"

@@ -33,7 +33,7 @@ from load_tests.prompts import Prompt, load_prompt_set
 from load_tests.report import BASELINE, STACK, build_report, progress_line, request_record, summarize_level
 from specdec.client import build_request
 from specdec.local_stack import REPO_ROOT
-from specdec.serving import channel_options
+from specdec.serving.server import channel_options
 from specdec.v1 import common_pb2, coordinator_pb2_grpc
 
 MODES = ("spec", "plain")

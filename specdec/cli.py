@@ -19,7 +19,7 @@ import time
 import grpc
 
 from specdec.client import Client
-from specdec.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
+from specdec.engine.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
 from specdec.local_stack import LocalStack
 from specdec.redis_server import RedisServer
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sequence
 
 import grpc
 
-from specdec.grpc_options import channel_options
+from specdec.serving.grpc_options import channel_options
 from specdec.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from tiny_models import make_pair
 
-from specdec.model_runtime import LoadedModel, ModelSettings
-from specdec.ragged_attention import load_kernel
+from specdec.engine.attention.ragged_attention import load_kernel
+from specdec.engine.model_runtime import LoadedModel, ModelSettings
 
 torch.set_num_threads(1)
 

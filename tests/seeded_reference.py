@@ -1,13 +1,14 @@
-"""Seeded sampled requests through a stack against the in-process reference loop (specdec/reference_loop.py)."""
+"""Seeded sampled requests through a stack against the in-process reference loop
+(specdec/decoding/reference_loop.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from specdec.client import Client
-from specdec.model_runtime import LoadedModel
-from specdec.reference_loop import speculative_generate
-from specdec.sampling import SamplingParams, SamplingRule
+from specdec.decoding.reference_loop import speculative_generate
+from specdec.engine.model_runtime import LoadedModel
+from specdec.sampling.rules import SamplingParams, SamplingRule
 
 GAMMA = 3
 

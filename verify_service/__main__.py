@@ -9,14 +9,14 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from specdec.cpu_affinity import pin_cpus
-from specdec.model_process import ModelProcess, serving_model
-from specdec.model_runtime import LoadedModel, ModelSettings
-from specdec.serving import RunningServer, configure_logging, start_server, wait_for_termination
-from specdec.settings import parse_settings
+from specdec.common.settings import parse_settings
+from specdec.engine.cpu_affinity import pin_cpus
+from specdec.engine.model_process import ModelProcess, serving_model
+from specdec.engine.model_runtime import LoadedModel, ModelSettings
+from specdec.serving.server import RunningServer, configure_logging, start_server, wait_for_termination
+from specdec.serving.tls import server_credentials
 from specdec.telemetry import start_telemetry
 from specdec.telemetry.metrics import observe_batch, observe_verify_pass
-from specdec.tls import server_credentials
 from specdec.v1 import verifier_pb2, verifier_pb2_grpc
 from verify_service.service import VerifyService
 from verify_service.servicer import VerifierServicer

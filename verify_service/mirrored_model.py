@@ -1,7 +1,7 @@
 """Rank 0's model under tensor parallelism: every session's forwards, sent to the other ranks as one Step per pass.
 
 Every session on rank 0 runs on the one MirroredModel, so a step's rows of many sessions (opens, rounds) share
-one packed pass (specdec/kv_session.py: run_forwards groups plans by model), and that pass is one Step message.
+one packed pass (specdec/engine/kv/session.py: run_forwards groups plans by model), and that pass is one Step message.
 The cache opens and releases since the previous pass ride in it, in the order they happened, and each row
 carries the length its cache starts from: a rollback on rank 0 only shrinks a cache between passes, so the
 row's start_len replays it (the sync invariant, inside one replica).
@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import torch
 
-from specdec.model_runtime import Cache, LoadedModel
+from specdec.engine.model_runtime import Cache, LoadedModel
 from verify_service.tp_protocol import CacheEvent, RowForward, Step
 
 T = TypeVar("T")

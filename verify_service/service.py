@@ -8,15 +8,15 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.errors import InvalidFieldError, KVCacheFullError
-from specdec.kv_session import KVSession, PlannedForward
-from specdec.model_runtime import LoadedModel
-from specdec.sampling import SamplingParams, Verdict
-from specdec.session_store import SessionStore
-from specdec.step_batcher import NOT_YET, FollowUpChoice, NotYet, only_result
-from specdec.step_cost import calibrate
-from specdec.verification import PassHook, VerifyJob, VerifyTiming, verify_rounds
-from specdec.wire import PLAIN_STEP
+from specdec.common.errors import InvalidFieldError, KVCacheFullError
+from specdec.decoding.verification import PassHook, VerifyJob, VerifyTiming, verify_rounds
+from specdec.engine.kv.session import KVSession, PlannedForward
+from specdec.engine.model_runtime import LoadedModel
+from specdec.engine.step_batcher import NOT_YET, FollowUpChoice, NotYet, only_result
+from specdec.engine.step_cost import calibrate
+from specdec.sampling.rules import SamplingParams, Verdict
+from specdec.serving.session_store import SessionStore
+from specdec.serving.wire import PLAIN_STEP
 from verify_service.settings import VerifySettings
 from verify_service.tensor_parallel import TensorParallelLeader
 

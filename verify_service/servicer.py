@@ -1,6 +1,6 @@
 """The Verifier gRPC servicer: decodes requests, queues them for VerifyService's model thread, encodes replies.
 
-Opens and Verify calls that arrive while a step runs are batched into the next step (specdec/step_batcher.py),
+Opens and Verify calls that arrive while a step runs are batched into the next step (specdec/engine/step_batcher.py),
 opens and rounds together: new sessions' prefills share the rounds' pass.
 """
 
@@ -10,12 +10,11 @@ import asyncio
 from collections.abc import Callable
 from contextlib import nullcontext
 
-from specdec.errors import DownstreamUnavailableError, InvalidFieldError
-from specdec.kv_admission import KVAdmission
-from specdec.session_store import expire_idle_sessions
-from specdec.step_batcher import StepBatcher
-from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
-from specdec.wire import (
+from specdec.common.errors import DownstreamUnavailableError, InvalidFieldError
+from specdec.engine.kv.admission import KVAdmission
+from specdec.engine.step_batcher import StepBatcher
+from specdec.serving.session_store import expire_idle_sessions
+from specdec.serving.wire import (
     check_token_ids,
     ends_after,
     follows_at_once,
@@ -23,6 +22,7 @@ from specdec.wire import (
     probs_from_proto,
     session_sampling_from_proto,
 )
+from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from verify_service.service import LAST_VERIFY, OPEN, VERIFY, GuessedRound, VerifyService
 
 
@@ -83,7 +83,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     ):
         """Runs a batchable kind ("step") or a one-off function on the model thread; `follows(result)`: whether
         the session's next call comes at once; with `choose`, args is the session and the call is a follow-up of
-        its last one (specdec/step_batcher.py)."""
+        its last one (specdec/engine/step_batcher.py)."""
         ranks = self.service.ranks
         if ranks is not None:
             ranks.raise_if_failed()
@@ -107,7 +107,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         raise DownstreamUnavailableError("tensor-parallel ranks unavailable")
 
     async def expire_idle_sessions(self) -> None:
-        """Runs until cancelled: closes sessions idle past --session-idle-ttl-s (specdec/session_store.py)."""
+        """Runs until cancelled: closes sessions idle past --session-idle-ttl-s (specdec/serving/session_store.py)."""
         service = self.service
         await expire_idle_sessions(service.sessions, service.settings.session_idle_ttl_s, service.close, self._run)
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.cpu_affinity import CpuAffinitySettings
-from specdec.embedded_pair import DEMO_TARGET_DIR
-from specdec.execution_settings import ExecutionSettings
-from specdec.kv_admission import KVCacheSettings
-from specdec.session_store import SessionExpirySettings
-from specdec.settings import setting
-from specdec.step_batcher import StepBatchingSettings
-from specdec.tls import ServerTlsSettings
+from specdec.common.settings import setting
+from specdec.engine.cpu_affinity import CpuAffinitySettings
+from specdec.engine.embedded_pair import DEMO_TARGET_DIR
+from specdec.engine.execution_settings import ExecutionSettings
+from specdec.engine.kv.admission import KVCacheSettings
+from specdec.engine.step_batcher import StepBatchingSettings
+from specdec.serving.session_store import SessionExpirySettings
+from specdec.serving.tls import ServerTlsSettings
 
 TP_LAUNCHERS = ("local", "ray")
 RAY_PLACEMENT_STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")

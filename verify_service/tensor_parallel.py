@@ -29,8 +29,8 @@ from typing import Protocol, TypeVar
 import torch
 import torch.distributed as dist
 
-from specdec.errors import DownstreamUnavailableError
-from specdec.model_runtime import LoadedModel, ModelSettings
+from specdec.common.errors import DownstreamUnavailableError
+from specdec.engine.model_runtime import LoadedModel, ModelSettings
 from verify_service.mirrored_model import MirroredModel
 from verify_service.settings import VerifySettings
 from verify_service.tp_protocol import ControlChannel, Heartbeat, Shutdown, Step

@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from specdec.model_runtime import LoadedModel, ModelSettings
-from specdec.sampling import SamplingParams
+from specdec.engine.model_runtime import LoadedModel, ModelSettings
+from specdec.sampling.rules import SamplingParams
 from verify_service.rank_launchers import LocalLauncher
 from verify_service.service import VerifyService
 from verify_service.settings import VerifySettings

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from specdec.model_runtime import Cache, LoadedModel, ModelSettings
+from specdec.engine.model_runtime import Cache, LoadedModel, ModelSettings
 from verify_service.tp_protocol import ControlChannel, Heartbeat, Shutdown, Step
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from specdec.kv_blocks import BlockAllocator
+from specdec.engine.kv.blocks import BlockAllocator
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ def session_gauges(
 
 def kv_block_gauges(blocks: BlockAllocator, registry: CollectorRegistry = REGISTRY) -> None:
     """Gauges read at scrape time: the paged KV cache's blocks held by sessions, free, and shared between
-    sequences (specdec/kv_blocks.py)."""
+    sequences (specdec/engine/kv/blocks.py)."""
     gauge = Gauge(PREFIX + "kv_blocks", "KV cache blocks by state: used, free, shared", ["state"], registry=registry)
     gauge.labels("used").set_function(lambda: blocks.used)
     gauge.labels("free").set_function(lambda: blocks.free)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from specdec.kv_blocks import BlockAllocator
+from specdec.engine.kv.blocks import BlockAllocator
 from specdec.telemetry.metrics import kv_block_gauges, serve_metrics, session_gauges
 from specdec.telemetry.tracing import setup_tracing
 
@@ -18,7 +18,7 @@ class TelemetrySettings(Protocol):
 
 
 class SessionCounts(Protocol):
-    """What the session gauges read: specdec.session_store.SessionStore."""
+    """What the session gauges read: specdec.serving.session_store.SessionStore."""
 
     def __len__(self) -> int: ...
 

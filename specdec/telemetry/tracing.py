@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-from specdec.settings import env_name
+from specdec.common.settings import env_name
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from tiny_models import make_pair
 from coordinator.api_keys import add_key
 from coordinator.redis_state import RedisKeys, connect_sync
 from specdec.client import Client
+from specdec.common.settings import flag_name
 from specdec.local_stack import ServiceProcess, start_service
 from specdec.redis_server import RedisServer, free_port
-from specdec.settings import flag_name
 from specdec.v1 import common_pb2, drafter_pb2_grpc, verifier_pb2_grpc
 
 

@@ -14,12 +14,12 @@ import torch
 from scipy.stats import chisquare
 
 from specdec.client import Client
-from specdec.kv_session import KVSession
+from specdec.decoding.reference_loop import target_only_generate
+from specdec.decoding.verification import verify_round
+from specdec.engine.kv.session import KVSession
 from specdec.local_stack import LocalStack
-from specdec.reference_loop import target_only_generate
-from specdec.sampling import SamplingParams, logits_to_probs
+from specdec.sampling.rules import SamplingParams, logits_to_probs
 from specdec.v1 import common_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
-from specdec.verification import verify_round
 
 PROMPT_LENGTHS = (2, 5, 9, 14, 20, 27, 35, 44)
 MAX_NEW = 24

@@ -7,10 +7,10 @@ import signal
 import time
 
 from specdec.client import Client
+from specdec.decoding.reference_loop import target_only_generate
+from specdec.engine.model_runtime import LoadedModel, ModelSettings
 from specdec.local_stack import LocalStack, start_service
-from specdec.model_runtime import LoadedModel, ModelSettings
-from specdec.reference_loop import target_only_generate
-from specdec.sampling import SamplingParams
+from specdec.sampling.rules import SamplingParams
 
 PROMPT = [9, 4, 33, 12]
 MAX_NEW = 200

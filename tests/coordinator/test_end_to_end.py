@@ -10,14 +10,15 @@ import grpc
 import pytest
 from seeded_reference import assert_seeded_requests_equal_the_reference
 
-from coordinator.predraft import DraftLane, guesses
+from coordinator.draft_lanes import DraftLane
+from coordinator.verdict_guesses import guesses
 from specdec.client import Client
+from specdec.decoding.reference_loop import target_only_generate
+from specdec.engine.model_runtime import LoadedModel, ModelSettings
 from specdec.local_stack import LocalStack
-from specdec.model_runtime import LoadedModel, ModelSettings
-from specdec.reference_loop import target_only_generate
-from specdec.sampling import SamplingParams, SamplingRule
+from specdec.sampling.rules import SamplingParams, SamplingRule
+from specdec.serving.wire import sampling_to_proto
 from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
-from specdec.wire import sampling_to_proto
 
 MAX_NEW = 24
 LANES_GAMMA = 3
@@ -275,7 +276,7 @@ def test_cancelled_stream_leaves_no_session_behind(stack, client):
 
 
 def test_guess_lanes_end_right_after_hits_and_misses(stack):
-    """Pre-drafts on lanes, one per guessed verdict (coordinator/predraft.py), over the raw RPCs: whatever the
+    """Pre-drafts on lanes, one per guessed verdict (coordinator/verdict_guesses.py), over the raw RPCs: whatever the
     verdict, the lane that drafts next (the selected guess's on a hit, the nearest one after a miss) returns
     exactly the block a fresh session opened on the committed sequence drafts, and so does the verifier."""
     params = SamplingParams()  # greedy: the draft's runner-up is often the verifier's token, so guesses hit

@@ -13,11 +13,11 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specdec.client import Client
-from specdec.kv_budget import block_bytes
+from specdec.decoding.reference_loop import target_only_generate
+from specdec.engine.kv.budget import block_bytes
+from specdec.engine.model_runtime import LoadedModel, ModelSettings
 from specdec.local_stack import LocalStack
-from specdec.model_runtime import LoadedModel, ModelSettings
-from specdec.reference_loop import target_only_generate
-from specdec.sampling import SamplingParams
+from specdec.sampling.rules import SamplingParams
 from specdec.v1 import common_pb2, drafter_pb2_grpc, verifier_pb2_grpc
 
 MAX_SESSIONS = 4

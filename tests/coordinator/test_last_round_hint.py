@@ -14,10 +14,10 @@ from coordinator.replicas import ReplicaPool
 from coordinator.servicer import CoordinatorServicer
 from coordinator.settings import CoordinatorSettings
 from specdec.client import build_request
-from specdec.grpc_errors import ErrorMappingInterceptor
-from specdec.grpc_handlers import wrap_handler
+from specdec.serving.grpc_errors import ErrorMappingInterceptor
+from specdec.serving.grpc_handlers import wrap_handler
+from specdec.serving.wire import ends_after
 from specdec.v1 import verifier_pb2_grpc
-from specdec.wire import ends_after
 from verify_service.service import VerifyService
 from verify_service.servicer import VerifierServicer
 from verify_service.settings import VerifySettings

@@ -15,10 +15,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from seeded_reference import assert_seeded_requests_equal_the_reference
 
 from specdec.client import Client
+from specdec.decoding.reference_loop import target_only_generate
+from specdec.engine.model_runtime import LoadedModel, ModelSettings
 from specdec.local_stack import LocalStack, start_service
-from specdec.model_runtime import LoadedModel, ModelSettings
-from specdec.reference_loop import target_only_generate
-from specdec.sampling import SamplingParams
+from specdec.sampling.rules import SamplingParams
 from specdec.v1 import verifier_pb2, verifier_pb2_grpc
 from verify_service.settings import VerifySettings
 

@@ -17,12 +17,12 @@ import torch
 from tiny_models import make_pair
 
 from specdec.client import Client
+from specdec.decoding.reference_loop import speculative_generate, target_only_generate
+from specdec.engine.model_runtime import LoadedModel, ModelSettings
 from specdec.local_stack import LocalStack
-from specdec.model_runtime import LoadedModel, ModelSettings
-from specdec.reference_loop import speculative_generate, target_only_generate
-from specdec.sampling import SamplingParams, SamplingRule
+from specdec.sampling.rules import SamplingParams, SamplingRule
+from specdec.serving.wire import sampling_to_proto
 from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
-from specdec.wire import sampling_to_proto
 
 VOCAB = 64
 GAMMA = 3

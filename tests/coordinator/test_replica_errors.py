@@ -8,17 +8,18 @@ import asyncio
 import grpc
 import pytest
 
-from coordinator.generation import GenerationPlan, RequestStats
 from coordinator.generation_state import GenerationState
 from coordinator.replica_errors import replica_error
 from coordinator.replica_sessions import ReplicaSessions
 from coordinator.replicas import Replica
+from coordinator.request_plan import GenerationPlan
+from coordinator.request_stats import RequestStats
 from coordinator.request_telemetry import RequestTelemetry
 from specdec.client import Client
-from specdec.errors import InvalidFieldError, ReplicaFaultError, ReplicaUnreachableError
-from specdec.grpc_errors import status_for
+from specdec.common.errors import InvalidFieldError, ReplicaFaultError, ReplicaUnreachableError
 from specdec.local_stack import LocalStack
-from specdec.sampling import SamplingParams
+from specdec.sampling.rules import SamplingParams
+from specdec.serving.grpc_errors import status_for
 from specdec.v1 import common_pb2, verifier_pb2_grpc
 
 Code = grpc.StatusCode

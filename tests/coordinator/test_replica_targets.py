@@ -8,7 +8,7 @@ import pytest
 from loopback_dns import LoopbackDns
 
 from coordinator.replica_targets import DnsResolver, ReplicaTargets, join_host_port, split_host_port
-from specdec.errors import DownstreamUnavailableError
+from specdec.common.errors import DownstreamUnavailableError
 
 
 def test_host_port_forms():

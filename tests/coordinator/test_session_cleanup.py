@@ -14,16 +14,17 @@ import pytest
 from transformers import AutoTokenizer
 
 from coordinator import close_retry
-from coordinator.generation import GenerationPlan, RequestStats
 from coordinator.generation_state import GenerationState
 from coordinator.replica_sessions import ReplicaSessions
 from coordinator.replicas import Replica, ReplicaPool
+from coordinator.request_plan import GenerationPlan
+from coordinator.request_stats import RequestStats
 from coordinator.request_telemetry import RequestTelemetry
 from coordinator.servicer import CoordinatorServicer
 from coordinator.settings import CoordinatorSettings
 from specdec.client import Client, build_request
 from specdec.local_stack import LocalStack
-from specdec.sampling import SamplingParams
+from specdec.sampling.rules import SamplingParams
 from specdec.v1 import common_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 
 CANCELLED_STREAMS = 50

@@ -14,7 +14,7 @@ from coordinator.speculation_gate import (
     SpeculationGate,
 )
 from coordinator.speculation_policy import PassLoad, log2_level, speculation_gain
-from specdec.step_cost import StepCost
+from specdec.engine.step_cost import StepCost
 
 MS = 1e6
 

@@ -16,7 +16,7 @@ from coordinator.speculation_policy import (
     fresh_draft_pays,
     round_ns,
 )
-from specdec.step_cost import StepCost
+from specdec.engine.step_cost import StepCost
 
 MS = 1e6
 

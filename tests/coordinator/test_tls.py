@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from specdec.client import Client
 from specdec.local_stack import REPO_ROOT, start_service
 from specdec.redis_server import free_port
-from specdec.tls import ServerTlsSettings, channel_credentials, server_credentials
+from specdec.serving.tls import ServerTlsSettings, channel_credentials, server_credentials
 from specdec.v1 import common_pb2, coordinator_pb2_grpc, drafter_pb2_grpc, verifier_pb2_grpc
 
 COORDINATOR_HEALTH_PORT = free_port()

@@ -8,11 +8,11 @@ import pytest
 
 from load_tests.prompts import code_prompts
 from specdec.client import Client
-from specdec.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
+from specdec.decoding.reference_loop import speculative_generate, target_only_generate
+from specdec.engine.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
+from specdec.engine.model_runtime import LoadedModel, ModelSettings, check_same_vocabulary
 from specdec.local_stack import LocalStack
-from specdec.model_runtime import LoadedModel, ModelSettings, check_same_vocabulary
-from specdec.reference_loop import speculative_generate, target_only_generate
-from specdec.sampling import SamplingParams
+from specdec.sampling.rules import SamplingParams
 
 MAX_NEW = 32
 

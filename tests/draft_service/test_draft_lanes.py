@@ -7,9 +7,9 @@ import torch
 
 from draft_service.service import DraftService, LaneProposal
 from draft_service.settings import DraftSettings
-from specdec.errors import InvalidFieldError, StaleBaseLenError
-from specdec.sampling import SamplingParams
-from specdec.step_batcher import JoiningStep
+from specdec.common.errors import InvalidFieldError, StaleBaseLenError
+from specdec.engine.step_batcher import JoiningStep
+from specdec.sampling.rules import SamplingParams
 
 PROMPT = [4, 8, 15, 16, 23]
 GREEDY = SamplingParams()

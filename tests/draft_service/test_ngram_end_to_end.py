@@ -16,10 +16,10 @@ from scipy.stats import chisquare
 from tiny_models import noisy_copy, save, tiny_llama, word_tokenizer
 
 from specdec.client import Client
+from specdec.decoding.reference_loop import target_only_generate
+from specdec.engine.model_runtime import LoadedModel, ModelSettings
 from specdec.local_stack import LocalStack
-from specdec.model_runtime import LoadedModel, ModelSettings
-from specdec.reference_loop import target_only_generate
-from specdec.sampling import SamplingParams, logits_to_probs
+from specdec.sampling.rules import SamplingParams, logits_to_probs
 from specdec.v1 import common_pb2
 
 VOCAB = 8

@@ -14,8 +14,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from specdec.serving import start_server
-from specdec.tls import ServerTlsSettings, channel_credentials, server_credentials, server_name_options
+from specdec.serving.server import start_server
+from specdec.serving.tls import ServerTlsSettings, channel_credentials, server_credentials, server_name_options
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 ROOT = pathlib.Path(__file__).resolve().parents[2]

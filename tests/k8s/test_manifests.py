@@ -23,7 +23,7 @@ import yaml
 from coordinator.settings import CoordinatorSettings
 from draft_service.settings import DraftSettings
 from specdec.cli import SERVICE_MODULES
-from specdec.settings import env_name, parse_settings, settings_parser
+from specdec.common.settings import env_name, parse_settings, settings_parser
 from specdec.telemetry.metrics import PREFIX
 from verify_service.settings import VerifySettings
 
@@ -373,7 +373,7 @@ def test_pods_are_hardened_probed_and_sized(overlay):
 
 def test_probes_check_plaintext_health_ports_and_services_drain_inside_the_grace_period(overlay):
     """Kubelet's gRPC probes speak plaintext only: each service has a health-only port (SPECDEC_HEALTH_PORT,
-    specdec/serving.py) apart from its TLS port, declares it, and every probe checks it."""
+    specdec/serving/server.py) apart from its TLS port, declares it, and every probe checks it."""
     failures = []
     for where, template, _, container, settings in services(render(overlay)):
         label = f"{where} container {container['name']}"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.errors import InvalidFieldError, StaleBaseLenError
-from specdec.sampling import SamplingParams
+from specdec.common.errors import InvalidFieldError, StaleBaseLenError
+from specdec.sampling.rules import SamplingParams
 from verify_service.service import LAST_VERIFY, OPEN, VERIFY, VerifyService
 from verify_service.settings import VerifySettings
 
@@ -94,7 +94,7 @@ def test_each_scoring_pass_is_reported_with_its_prefill_and_scored_tokens(target
 
 
 def test_greedy_decoding_is_marked_from_the_second_plain_round_but_not_on_a_requests_last(target):
-    """The mark lets a model process run the next pass ahead (specdec/model_worker.py); after a request's last
+    """The mark lets a model process run the next pass ahead (specdec/engine/model_worker.py); after a request's last
     round no pass follows, so none is marked."""
     service = VerifyService(VerifySettings(), target)
     service.open("a", PROMPTS["a"], GREEDY)

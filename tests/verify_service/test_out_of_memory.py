@@ -9,12 +9,12 @@ import grpc
 import pytest
 import torch
 
-from specdec.model_runtime import LoadedModel, ModelSettings
-from specdec.reference_loop import target_only_generate
-from specdec.sampling import SamplingParams
-from specdec.serving import start_server
+from specdec.decoding.reference_loop import target_only_generate
+from specdec.engine.model_runtime import LoadedModel, ModelSettings
+from specdec.sampling.rules import SamplingParams
+from specdec.serving.server import start_server
+from specdec.serving.wire import sampling_to_proto
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
-from specdec.wire import sampling_to_proto
 from verify_service.service import VerifyService
 from verify_service.servicer import VerifierServicer
 from verify_service.settings import VerifySettings

@@ -22,11 +22,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specdec.client import Client
-from specdec.errors import StaleBaseLenError
+from specdec.common.errors import StaleBaseLenError
+from specdec.decoding.reference_loop import target_only_generate
+from specdec.engine.model_runtime import LoadedModel, ModelSettings
 from specdec.local_stack import ServiceProcess, start_service
-from specdec.model_runtime import LoadedModel, ModelSettings
-from specdec.reference_loop import target_only_generate
-from specdec.sampling import SamplingParams
+from specdec.sampling.rules import SamplingParams
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from verify_service.rank_launchers import LocalLauncher
 from verify_service.service import OPEN, VERIFY, VerifyService

@@ -10,11 +10,11 @@ from pathlib import Path
 import grpc
 import pytest
 
+from specdec.decoding.reference_loop import target_only_generate
 from specdec.local_stack import start_service
-from specdec.reference_loop import target_only_generate
-from specdec.sampling import SamplingParams
+from specdec.sampling.rules import SamplingParams
+from specdec.serving.wire import sampling_to_proto
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
-from specdec.wire import sampling_to_proto
 
 PROMPT = [5, 9, 14, 3]
 AHEAD = 12  # greedy reference tokens needed

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
-from specdec.speculation_stats import SpeculationStats
+from specdec.sampling.speculation_stats import SpeculationStats
 from specdec.telemetry.metrics import SpeculationMetrics, VerifyPassMetrics, session_gauges
 
 

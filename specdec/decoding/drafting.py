@@ -1,0 +1,221 @@
+"""Drafting γ tokens autoregressively from draft-model sessions, many sessions per forward pass."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.common.errors import KVCacheFullError
+from specdec.engine.kv.session import ContextOverflowError, KVSession, PlannedForward, run_forwards
+from specdec.engine.step_batcher import only_result
+from specdec.sampling.draft_sampler import RowRequest, choose_rows
+from specdec.sampling.prompt_lookup import lookup_continuation
+from specdec.sampling.row_sampling import BAD_LOGITS_MESSAGES, BadLogits, bad_logits_codes, joined_rows
+from specdec.sampling.rules import NonFiniteLogitsError, SamplingParams
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """What one session drafted."""
+
+    token_ids: list[int]
+    probs: torch.Tensor | None  # q [γ, V] the tokens were drawn from; None when one-hot (greedy) or coupled
+    alternatives: list[list[int]]  # per drafted position, the draft's next most likely other tokens ([] if not asked)
+
+
+@dataclass
+class DraftJob:
+    """One session to draft num_tokens tokens for, and what it has drafted so far."""
+
+    session: KVSession
+    num_tokens: int
+    params: SamplingParams
+    num_alternatives: int
+    tokens: list[int] = field(default_factory=list)
+    rows: list[torch.Tensor] = field(default_factory=list)  # the q rows [V] the tokens were drawn from
+    alternatives: list[list[int]] = field(default_factory=list)
+    lookup_tokens: int = (
+        0  # greedy only: lookup tokens to try after the drafted ones (specdec/sampling/prompt_lookup.py)
+    )
+    lookup: list[int] | None = None  # the lookup tokens in the pass under way, to keep as far as the draft agrees
+
+    def take(self, token: int, ranked: Sequence[int], probs: torch.Tensor | None = None) -> None:
+        """Records a token chosen at this position, and the q row [V] it was drawn from under the rejection rule.
+
+        - ranked: the draft's most likely tokens there (at least num_alternatives + 1 of them, most likely first,
+          by the logits, or under the coupled rule by log q + g), to take the alternatives from.
+        """
+        self.tokens.append(token)
+        if probs is not None:
+            self.rows.append(probs)
+        if self.num_alternatives:
+            self.alternatives.append([t for t in ranked if t != token][: self.num_alternatives])
+
+    def start_lookup(self, token: int) -> PlannedForward | None:
+        """After the last drafted token: the pass that scores it and the lookup tokens after it, or None when
+        there is nothing to look up (not greedy, lookup off, no earlier copy, no room left)."""
+        if not self.lookup_tokens or not self.params.greedy:
+            return None
+        lookup = lookup_continuation([*self.session.tokens, token], self.lookup_tokens)
+        if not lookup:
+            return None
+        try:
+            lookup_pass = self.session.plan_extend([token, *lookup], score_previous=False)
+        except (ContextOverflowError, KVCacheFullError):  # no room for the lookup: the block ends as drafted
+            return None
+        self.lookup = lookup
+        return lookup_pass
+
+    def confirm_lookup(self, logits: torch.Tensor) -> Drafted:
+        """Keeps the lookup tokens as far as the draft's argmax agrees, then the draft's own token where they part
+        (or after the last); rolls the rest back, all of them if a row is bad (BadLogits: NaN or +inf, or no token
+        allowed). logits [k + 1, V]: after the last drafted token, after each lookup token."""
+        lookup = self.lookup
+        top = torch.topk(logits, self.num_alternatives + 1, dim=-1)  # values, indices [k + 1, A + 1]
+        if bad_logits_codes(top.values[:, 0]).any():  # the block ends as drafted
+            self.session.truncate(len(self.session) - len(lookup))
+            return self.result()
+        ranked = top.indices.tolist()
+        kept = 0
+        while kept < len(lookup) and ranked[kept][0] == lookup[kept]:
+            kept += 1
+        self.session.truncate(len(self.session) - len(lookup) + kept)
+        self.session.append([ranked[kept][0]])  # the draft's own token stays pending, as every last drafted one
+        for position, token in enumerate([*lookup[:kept], ranked[kept][0]]):
+            self.take(token, ranked[position])
+        return self.result()
+
+    def result(self) -> Drafted:
+        probs = torch.stack(self.rows) if self.rows else None  # [γ, V]; none kept when greedy or coupled
+        return Drafted(self.tokens, probs, self.alternatives)
+
+
+def next_tokens(jobs: Sequence[DraftJob], logits: torch.Tensor) -> list[int | Exception]:
+    """Adds every job's next token from its row of logits [K, V] (choose_rows: one read back); returns the tokens.
+
+    - a job whose row has NaN or +inf, or no allowed token, gets its NonFiniteLogitsError instead, alone.
+    """
+    requests = [RowRequest(job.params, len(job.session), job.num_alternatives) for job in jobs]
+    tokens: list[int | Exception] = []
+    for job, choice in zip(jobs, choose_rows(logits, requests)):
+        if choice.bad_logits:
+            tokens.append(NonFiniteLogitsError(BAD_LOGITS_MESSAGES[BadLogits(choice.bad_logits)]))
+            continue
+        job.take(choice.token, choice.ranked, choice.probs)
+        tokens.append(choice.token)
+    return tokens
+
+
+DraftRequest = tuple[KVSession, int, SamplingParams, int]  # session, tokens to draft, sampling, alternatives
+
+
+class DraftRun:
+    """Sessions drafting together: every live session's next token in one packed forward pass per step.
+
+    Sessions may be added between steps (iteration-level batching): one that arrives while others draft waits for
+    the pass under way, not for all the passes the others still have to make, and each session leaves as soon as
+    it has its tokens. The last drafted token of a session is left pending: its next extend feeds it, or a
+    rollback drops it without it ever being computed.
+    """
+
+    def __init__(self) -> None:
+        self._live: list[tuple[object, DraftJob, PlannedForward]] = []  # (caller's key, job, its next forward)
+
+    def __bool__(self) -> bool:
+        return bool(self._live)
+
+    @property
+    def rows(self) -> int:
+        """Sessions the next step feeds."""
+        return len(self._live)
+
+    @property
+    def runs_a_pass(self) -> bool:
+        """Whether the next step runs the model (not when every session's row was kept by its prefill)."""
+        return any(plan.token_ids for _, _, plan in self._live)
+
+    def add(
+        self,
+        key: object,
+        session: KVSession,
+        num_tokens: int,
+        params: SamplingParams,
+        num_alternatives: int = 0,
+        lookup_tokens: int = 0,
+    ) -> Drafted | Exception | None:
+        """Starts drafting num_tokens tokens after the session's sequence (then, greedy, up to lookup_tokens lookup
+        tokens the draft agrees with and its own next one); `key` names it in step()'s results. Returns its outcome
+        at once when there is nothing to draft or it cannot start (the error), else None."""
+        job = DraftJob(session, num_tokens, params, num_alternatives, lookup_tokens=lookup_tokens)
+        if num_tokens == 0:
+            return job.result()
+        try:
+            params.validate()
+            self._live.append((key, job, session.plan_extend()))
+        except Exception as error:  # noqa: BLE001 - reported to that session's caller only
+            return error
+        return None
+
+    def step(self) -> list[tuple[object, Drafted | Exception]]:
+        """Runs one forward pass for every live session; returns (key, outcome) of those that finished in it."""
+        finished: list[tuple[object, Drafted | Exception]] = []
+        if not self._live:
+            return finished
+        still_live = []
+        forwards = run_forwards([plan for _, _, plan in self._live])  # per job [logit rows, V]
+        drafting = []  # indices of the jobs whose pass chose their next token
+        for index, (key, job, _) in enumerate(self._live):
+            if job.lookup is None:
+                drafting.append(index)
+                continue
+            try:
+                finished.append((key, job.confirm_lookup(forwards[index])))
+            except Exception as error:  # noqa: BLE001
+                finished.append((key, error))
+        if not drafting:
+            self._live = []
+            return finished
+        step_logits = joined_rows([forwards[index][-1:] for index in drafting])  # [K, V]
+        tokens = next_tokens([self._live[index][1] for index in drafting], step_logits)
+        for index, token in zip(drafting, tokens):
+            key, job, _ = self._live[index]
+            if isinstance(token, Exception):
+                finished.append((key, token))
+                continue
+            try:
+                if len(job.tokens) < job.num_tokens:
+                    still_live.append((key, job, job.session.plan_extend([token], score_previous=False)))
+                elif (lookup_pass := job.start_lookup(token)) is not None:
+                    still_live.append((key, job, lookup_pass))
+                else:
+                    job.session.append([token])
+                    finished.append((key, job.result()))
+            except Exception as error:  # noqa: BLE001
+                finished.append((key, error))
+        self._live = still_live
+        return finished
+
+
+def draft_many(requests: Sequence[DraftRequest]) -> list[Drafted | Exception]:
+    """Samples num_tokens tokens after each session's sequence and appends them to it, all sessions in one
+    DraftRun (one pass per drafted position).
+
+    Returns per request the tokens, the distributions q they were drawn from ([γ, V]), or None under greedy
+    decoding, where q is one-hot at the drafted token, and under the coupled rule, whose verifier needs no q;
+    and per position the num_alternatives most likely other
+    tokens by the draft's logits (guesses of what the verifier puts there if it rejects the drafted token); or the
+    error that failed that request alone.
+    """
+    run = DraftRun()
+    results: list[Drafted | Exception | None] = [run.add(index, *request) for index, request in enumerate(requests)]
+    while run:
+        for index, outcome in run.step():
+            results[index] = outcome
+    return results
+
+
+def draft_with_model(session: KVSession, num_tokens: int, params: SamplingParams, num_alternatives: int = 0) -> Drafted:
+    """One session's draft (see draft_many); raises its error."""
+    return only_result(draft_many([(session, num_tokens, params, num_alternatives)]))

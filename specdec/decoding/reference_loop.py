@@ -1,0 +1,81 @@
+"""The in-process reference: speculative decoding with both models in one process, and plain decoding.
+
+Tests and benchmarks compare the services against these. The loop follows the algorithm's pseudocode:
+draft γ -> verify once -> accept/resample -> both caches roll back to the committed length. Both loops follow
+the request's sampling rule (SamplingParams.rule); under the coupled rule their tokens are identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specdec.decoding.drafting import draft_with_model
+from specdec.decoding.verification import verify_round
+from specdec.engine.kv.session import KVSession
+from specdec.engine.model_runtime import LoadedModel
+from specdec.sampling.rules import SamplingParams, logits_to_probs, plain_token
+from specdec.sampling.speculation_stats import SpeculationStats
+
+
+@dataclass
+class GenerationResult:
+    """Generated tokens (prompt excluded) and the speculation stats."""
+
+    token_ids: list[int]
+    stats: SpeculationStats
+    finished_by_eos: bool
+
+
+def speculative_generate(
+    target: LoadedModel,
+    draft: LoadedModel,
+    prompt_ids: Sequence[int],
+    gamma: int,
+    sampling: SamplingParams,
+    max_new_tokens: int,
+) -> GenerationResult:
+    """Generates up to max_new_tokens tokens from the target's distribution with γ-token drafts."""
+    target_session = KVSession(target, prompt_ids)
+    draft_session = KVSession(draft, prompt_ids)
+    target_session.prefill()
+    draft_session.prefill()
+    stats = SpeculationStats()
+    generated: list[int] = []
+    while len(generated) < max_new_tokens:
+        base_len = len(target_session)
+        block = min(gamma, max_new_tokens - len(generated) - 1)  # never draft past the budget
+        drafted = draft_with_model(draft_session, block, sampling)
+        draft_tokens, draft_probs = drafted.token_ids, drafted.probs
+        verdict, _ = verify_round(target_session, "reference", base_len, draft_tokens, draft_probs, sampling)
+        stats.record(len(draft_tokens), verdict.num_accepted)
+        # Sync the draft to the committed sequence: roll back to the accepted prefix, add the new token.
+        draft_session.truncate(base_len + verdict.num_accepted)
+        draft_session.append([verdict.next_token])
+        for token in verdict.tokens:
+            generated.append(token)
+            if token in target.eos_token_ids:
+                return GenerationResult(generated, stats, finished_by_eos=True)
+    return GenerationResult(generated, stats, finished_by_eos=False)
+
+
+def target_only_generate(
+    target: LoadedModel, prompt_ids: Sequence[int], sampling: SamplingParams, max_new_tokens: int
+) -> GenerationResult:
+    """Plain autoregressive decoding with the target alone (the project's own plain path), under the request's
+    sampling rule (sampling.rule): what a verifier emits for rounds with no draft."""
+    session = KVSession(target, prompt_ids)
+    session.prefill()
+    generated: list[int] = []
+    stats = SpeculationStats()
+    pending: list[int] = []
+    while len(generated) < max_new_tokens:
+        logits = session.extend(pending, score_previous=not pending)[-1]  # [V]
+        probs = logits_to_probs(logits, sampling)  # [V]
+        token = plain_token(probs, sampling, position=len(session))
+        stats.record(0, 0)
+        generated.append(token)
+        pending = [token]
+        if token in target.eos_token_ids:
+            return GenerationResult(generated, stats, finished_by_eos=True)
+    return GenerationResult(generated, stats, finished_by_eos=False)

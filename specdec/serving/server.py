@@ -1,0 +1,116 @@
+"""What every server shares: a grpc.aio server with health, reflection and error mapping, drained on SIGTERM.
+
+With a health port, a second, plaintext server answers grpc.health.v1 and nothing else, from the same health
+servicer: kubelet's gRPC probes cannot speak TLS, so a TLS port is probed there instead (`--health-port`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from specdec.serving.grpc_errors import ErrorMappingInterceptor
+from specdec.serving.grpc_options import channel_options
+from specdec.serving.grpc_telemetry import ServerTelemetryInterceptor, role_of
+from specdec.telemetry.tracing import setup_tracing_from_env
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunningServer:
+    """A started server, the port it bound and its health servicer (and the plaintext health-only server)."""
+
+    server: grpc.aio.Server
+    port: int
+    health: health.HealthServicer
+    service_names: tuple[str, ...]
+    stop_requested: asyncio.Event
+    health_server: grpc.aio.Server | None = None
+    health_port: int = 0
+
+    async def set_serving(self, serving: bool) -> None:
+        """Sets grpc.health.v1 status for the server and each of its services."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", *self.service_names):
+            await self.health.set(name, status)
+
+    async def stop(self, grace_s: float) -> None:
+        """Stops taking new calls and lets in-flight ones finish for up to grace_s seconds."""
+        await self.set_serving(False)
+        await self.server.stop(grace_s)
+        if self.health_server is not None:  # says NOT_SERVING through the drain, then goes
+            await self.health_server.stop(0)
+
+
+def configure_logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+async def start_server(
+    address: str,
+    register: Callable[[grpc.aio.Server], None],
+    service_names: Sequence[str],
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    credentials: grpc.ServerCredentials | None = None,
+    health_port: int = 0,
+) -> RunningServer:
+    """Binds address (port 0 picks a free one), registers the servicers, health and reflection, and starts.
+
+    health_port > 0 also serves grpc.health.v1 alone, in plaintext, on that port of the address's host.
+    SIGTERM/SIGINT handlers are installed before it returns, so a signal right after start-up drains too.
+    """
+    setup_tracing_from_env(role_of(service_names))  # no-op where the service set tracing up from its settings
+    server = grpc.aio.server(
+        interceptors=[ServerTelemetryInterceptor(), *interceptors, ErrorMappingInterceptor()], options=channel_options()
+    )
+    register(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind {address}")
+    await server.start()
+    running = RunningServer(server, port, health_servicer, tuple(service_names), asyncio.Event())
+    if health_port:
+        running.health_server, running.health_port = await start_health_server(address, health_port, health_servicer)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, running.stop_requested.set)
+    await running.set_serving(True)
+    log.info("serving %s on port %d", ", ".join(service_names), port)
+    return running
+
+
+async def start_health_server(
+    address: str, health_port: int, health_servicer: health.HealthServicer
+) -> tuple[grpc.aio.Server, int]:
+    """A plaintext server on health_port of address's host with grpc.health.v1 only: no API, no reflection."""
+    server = grpc.aio.server(options=channel_options())
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    health_address = f"{address.rpartition(':')[0]}:{health_port}"
+    if server.add_insecure_port(health_address) == 0:
+        raise OSError(f"could not bind the health port {health_address}")
+    await server.start()
+    log.info("serving grpc.health.v1 in plaintext on port %d", health_port)
+    return server, health_port
+
+
+async def wait_for_termination(running: RunningServer, grace_s: float) -> None:
+    """Serves until SIGTERM/SIGINT, then drains in-flight calls for up to grace_s seconds."""
+    serving = asyncio.ensure_future(running.server.wait_for_termination())
+    stopping = asyncio.ensure_future(running.stop_requested.wait())
+    await asyncio.wait([serving, stopping], return_when=asyncio.FIRST_COMPLETED)
+    if running.stop_requested.is_set():
+        log.info("signal received: draining for up to %.0fs", grace_s)
+        await running.stop(grace_s)
+    serving.cancel()
+    stopping.cancel()
