@@ -8,6 +8,7 @@ import uuid
 
 from transformers import PreTrainedTokenizerBase
 
+from coordinator.chat_prompt import chat_prompt_ids
 from coordinator.request_plan import GenerationPlan
 from coordinator.settings import CoordinatorSettings
 from specdec.common.errors import InvalidFieldError
@@ -27,7 +28,11 @@ def plan_request(
 ) -> GenerationPlan:
     """Validates every field; returns the plan the generation loop runs."""
     prompt_kind = request.WhichOneof("prompt")
-    if prompt_kind == "text":
+    if request.messages:
+        if prompt_kind is not None:
+            raise InvalidFieldError("messages", f"give the prompt as messages or as {prompt_kind}, not both")
+        prompt_ids = chat_prompt_ids(request.messages, tokenizer)
+    elif prompt_kind == "text":
         if not request.text:
             raise InvalidFieldError("text", "the prompt must not be empty")
         prompt_ids = tokenizer(request.text, add_special_tokens=False)["input_ids"]
@@ -36,7 +41,7 @@ def plan_request(
     elif prompt_kind == "token_ids":
         prompt_ids = check_token_ids(request.token_ids.ids, vocab_size, "token_ids.ids")
     else:
-        raise InvalidFieldError("prompt", "give the prompt as text or token_ids")
+        raise InvalidFieldError("prompt", "give the prompt as text, token_ids or messages")
     if len(prompt_ids) >= settings.max_context_tokens:
         raise InvalidFieldError(
             "prompt", f"{len(prompt_ids)} tokens leave no room in the context of {settings.max_context_tokens} tokens"

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import grpc
 
 from specdec.serving.grpc_options import channel_options
 from specdec.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
+Prompt = str | Sequence[int] | None
+
 
 def build_request(
-    prompt: str | Sequence[int],
+    prompt: Prompt = None,
     max_new_tokens: int = 64,
     temperature: float = 0.0,
     top_k: int = 0,
@@ -22,8 +24,11 @@ def build_request(
     include_stats: bool = False,
     request_id: str = "",
     draft_method: int = common_pb2.DRAFT_METHOD_UNSPECIFIED,
+    messages: Sequence[Mapping[str, str]] = (),
 ) -> coordinator_pb2.GenerateRequest:
-    """A GenerateRequest from keyword arguments; a str prompt is text, a sequence of ints is token ids."""
+    """A GenerateRequest from keyword arguments; a str prompt is text, a sequence of ints is token ids, and
+    `messages` ({"role": ..., "content": ...} each) is a conversation the server renders with the model's chat
+    template."""
     sampling = common_pb2.SamplingParams(temperature=temperature, top_k=top_k)
     if top_p is not None:
         sampling.top_p = top_p
@@ -36,10 +41,11 @@ def build_request(
         include_stats=include_stats,
         request_id=request_id,
         draft_method=draft_method,
+        messages=[coordinator_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in messages],
     )
     if isinstance(prompt, str):
         request.text = prompt
-    else:
+    elif prompt is not None:
         request.token_ids.ids.extend(prompt)
     if num_speculative_tokens is not None:
         request.num_speculative_tokens = num_speculative_tokens
@@ -65,11 +71,11 @@ class Client:
         self.timeout_s = timeout_s
         self.metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
 
-    def generate(self, prompt: str | Sequence[int], **kwargs) -> coordinator_pb2.GenerateResponse:
-        """Generates a whole completion (keyword arguments as in build_request)."""
+    def generate(self, prompt: Prompt = None, **kwargs) -> coordinator_pb2.GenerateResponse:
+        """Generates a whole completion (keyword arguments as in build_request: `messages=[...]` for a chat)."""
         return self.stub.Generate(build_request(prompt, **kwargs), timeout=self.timeout_s, metadata=self.metadata)
 
-    def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[coordinator_pb2.GenerateStreamResponse]:
+    def stream(self, prompt: Prompt = None, **kwargs) -> Iterator[coordinator_pb2.GenerateStreamResponse]:
         """Streams the completion chunk by chunk, one chunk per committed round."""
         return self.stub.GenerateStream(build_request(prompt, **kwargs), timeout=self.timeout_s, metadata=self.metadata)
 

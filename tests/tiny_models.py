@@ -9,6 +9,15 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 EOS_TOKEN = "<eos>"
+# Each message as "w<role> content", then "w3" opening the assistant's reply; other roles are refused.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] not in ('system', 'user', 'assistant') %}"
+    "{{ raise_exception('unknown role ' + m['role']) }}"
+    "{% endif %}"
+    "{{ {'system': 'w1', 'user': 'w2', 'assistant': 'w3'}[m['role']] }} {{ m['content'] }} "
+    "{% endfor %}{% if add_generation_prompt %}w3{% endif %}"
+)
 
 
 def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
@@ -17,9 +26,11 @@ def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=EOS_TOKEN))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    return PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, eos_token=EOS_TOKEN, bos_token=EOS_TOKEN, pad_token=EOS_TOKEN
     )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
 
 
 def tiny_llama(

@@ -25,27 +25,29 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cspecdec/v1/coordinator.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xc4\x02\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x14.specdec.v1.TokenIdsH\x00\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\x05\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12#\n\x16num_speculative_tokens\x18\x06 \x01(\x05H\x01\x88\x01\x01\x12\x15\n\rinclude_stats\x18\x07 \x01(\x08\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12-\n\x0c\x64raft_method\x18\t \x01(\x0e\x32\x17.specdec.v1.DraftMethodB\x08\n\x06promptB\x19\n\x17_num_speculative_tokens\"\x85\x04\n\x0fGenerationStats\x12\x0e\n\x06rounds\x18\x01 \x01(\r\x12\x16\n\x0e\x64rafted_tokens\x18\x02 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x04 \x01(\x02\x12\x1c\n\x14mean_accepted_length\x18\x05 \x01(\x02\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x06 \x03(\r\x12\x1c\n\x14\x64rafted_per_position\x18\x07 \x03(\r\x12\x10\n\x08\x64raft_ns\x18\x08 \x01(\x04\x12\x11\n\tverify_ns\x18\t \x01(\x04\x12\x13\n\x0bsampling_ns\x18\n \x01(\x04\x12\x0f\n\x07wire_ns\x18\x0b \x01(\x04\x12\x12\n\nprefill_ns\x18\x0c \x01(\x04\x12\x10\n\x08total_ns\x18\r \x01(\x04\x12\x19\n\x11predraft_attempts\x18\x0e \x01(\r\x12\x15\n\rpredraft_hits\x18\x0f \x01(\r\x12\x0c\n\x04seed\x18\x10 \x01(\x04\x12\x15\n\rprompt_tokens\x18\x11 \x01(\r\x12\x18\n\x10predraft_guesses\x18\x12 \x01(\r\x12\x16\n\x0e\x63hained_rounds\x18\x13 \x01(\r\x12\x12\n\nwire_bytes\x18\x14 \x01(\x04\x12/\n\rsampling_rule\x18\x15 \x01(\x0e\x32\x18.specdec.v1.SamplingRule\"\xa4\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12/\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x18.specdec.v1.FinishReason\x12*\n\x05stats\x18\x04 \x01(\x0b\x32\x1b.specdec.v1.GenerationStats\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"\xaa\x01\n\x16GenerateStreamResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12/\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x18.specdec.v1.FinishReason\x12*\n\x05stats\x18\x04 \x01(\x0b\x32\x1b.specdec.v1.GenerationStats\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"\xf2\x01\n\x0f\x43oordinatorInfo\x12\x17\n\x0ftarget_model_id\x18\x01 \x01(\t\x12\x16\n\x0e\x64raft_replicas\x18\x02 \x03(\t\x12\x17\n\x0fverify_replicas\x18\x03 \x03(\t\x12&\n\x1e\x64\x65\x66\x61ult_num_speculative_tokens\x18\x04 \x01(\r\x12\"\n\x1amax_num_speculative_tokens\x18\x05 \x01(\r\x12\x1c\n\x14max_new_tokens_limit\x18\x06 \x01(\r\x12\x1a\n\x12max_context_tokens\x18\x07 \x01(\r\x12\x0f\n\x07overlap\x18\x08 \x01(\x08*v\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x03\x32\xe7\x01\n\x0b\x43oordinator\x12\x45\n\x08Generate\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse\x12S\n\x0eGenerateStream\x12\x1b.specdec.v1.GenerateRequest\x1a\".specdec.v1.GenerateStreamResponse0\x01\x12<\n\x04Info\x12\x17.specdec.v1.InfoRequest\x1a\x1b.specdec.v1.CoordinatorInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cspecdec/v1/coordinator.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xef\x02\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x14.specdec.v1.TokenIdsH\x00\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\x05\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12#\n\x16num_speculative_tokens\x18\x06 \x01(\x05H\x01\x88\x01\x01\x12\x15\n\rinclude_stats\x18\x07 \x01(\x08\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12-\n\x0c\x64raft_method\x18\t \x01(\x0e\x32\x17.specdec.v1.DraftMethod\x12)\n\x08messages\x18\n \x03(\x0b\x32\x17.specdec.v1.ChatMessageB\x08\n\x06promptB\x19\n\x17_num_speculative_tokens\"\x85\x04\n\x0fGenerationStats\x12\x0e\n\x06rounds\x18\x01 \x01(\r\x12\x16\n\x0e\x64rafted_tokens\x18\x02 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x04 \x01(\x02\x12\x1c\n\x14mean_accepted_length\x18\x05 \x01(\x02\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x06 \x03(\r\x12\x1c\n\x14\x64rafted_per_position\x18\x07 \x03(\r\x12\x10\n\x08\x64raft_ns\x18\x08 \x01(\x04\x12\x11\n\tverify_ns\x18\t \x01(\x04\x12\x13\n\x0bsampling_ns\x18\n \x01(\x04\x12\x0f\n\x07wire_ns\x18\x0b \x01(\x04\x12\x12\n\nprefill_ns\x18\x0c \x01(\x04\x12\x10\n\x08total_ns\x18\r \x01(\x04\x12\x19\n\x11predraft_attempts\x18\x0e \x01(\r\x12\x15\n\rpredraft_hits\x18\x0f \x01(\r\x12\x0c\n\x04seed\x18\x10 \x01(\x04\x12\x15\n\rprompt_tokens\x18\x11 \x01(\r\x12\x18\n\x10predraft_guesses\x18\x12 \x01(\r\x12\x16\n\x0e\x63hained_rounds\x18\x13 \x01(\r\x12\x12\n\nwire_bytes\x18\x14 \x01(\x04\x12/\n\rsampling_rule\x18\x15 \x01(\x0e\x32\x18.specdec.v1.SamplingRule\"\xa4\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12/\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x18.specdec.v1.FinishReason\x12*\n\x05stats\x18\x04 \x01(\x0b\x32\x1b.specdec.v1.GenerationStats\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"\xaa\x01\n\x16GenerateStreamResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12/\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x18.specdec.v1.FinishReason\x12*\n\x05stats\x18\x04 \x01(\x0b\x32\x1b.specdec.v1.GenerationStats\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"\xf2\x01\n\x0f\x43oordinatorInfo\x12\x17\n\x0ftarget_model_id\x18\x01 \x01(\t\x12\x16\n\x0e\x64raft_replicas\x18\x02 \x03(\t\x12\x17\n\x0fverify_replicas\x18\x03 \x03(\t\x12&\n\x1e\x64\x65\x66\x61ult_num_speculative_tokens\x18\x04 \x01(\r\x12\"\n\x1amax_num_speculative_tokens\x18\x05 \x01(\r\x12\x1c\n\x14max_new_tokens_limit\x18\x06 \x01(\r\x12\x1a\n\x12max_context_tokens\x18\x07 \x01(\r\x12\x0f\n\x07overlap\x18\x08 \x01(\x08*v\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x03\x32\xe7\x01\n\x0b\x43oordinator\x12\x45\n\x08Generate\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse\x12S\n\x0eGenerateStream\x12\x1b.specdec.v1.GenerateRequest\x1a\".specdec.v1.GenerateStreamResponse0\x01\x12<\n\x04Info\x12\x17.specdec.v1.InfoRequest\x1a\x1b.specdec.v1.CoordinatorInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specdec.v1.coordinator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1526
-  _globals['_FINISHREASON']._serialized_end=1644
+  _globals['_FINISHREASON']._serialized_start=1615
+  _globals['_FINISHREASON']._serialized_end=1733
   _globals['_TOKENIDS']._serialized_start=69
   _globals['_TOKENIDS']._serialized_end=92
-  _globals['_GENERATEREQUEST']._serialized_start=95
-  _globals['_GENERATEREQUEST']._serialized_end=419
-  _globals['_GENERATIONSTATS']._serialized_start=422
-  _globals['_GENERATIONSTATS']._serialized_end=939
-  _globals['_GENERATERESPONSE']._serialized_start=942
-  _globals['_GENERATERESPONSE']._serialized_end=1106
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1109
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1279
-  _globals['_COORDINATORINFO']._serialized_start=1282
-  _globals['_COORDINATORINFO']._serialized_end=1524
-  _globals['_COORDINATOR']._serialized_start=1647
-  _globals['_COORDINATOR']._serialized_end=1878
+  _globals['_CHATMESSAGE']._serialized_start=94
+  _globals['_CHATMESSAGE']._serialized_end=138
+  _globals['_GENERATEREQUEST']._serialized_start=141
+  _globals['_GENERATEREQUEST']._serialized_end=508
+  _globals['_GENERATIONSTATS']._serialized_start=511
+  _globals['_GENERATIONSTATS']._serialized_end=1028
+  _globals['_GENERATERESPONSE']._serialized_start=1031
+  _globals['_GENERATERESPONSE']._serialized_end=1195
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1198
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1368
+  _globals['_COORDINATORINFO']._serialized_start=1371
+  _globals['_COORDINATORINFO']._serialized_end=1613
+  _globals['_COORDINATOR']._serialized_start=1736
+  _globals['_COORDINATOR']._serialized_end=1967
 # @@protoc_insertion_point(module_scope)

@@ -25,8 +25,16 @@ class TokenIds(_message.Message):
     ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+
 class GenerateRequest(_message.Message):
-    __slots__ = ("text", "token_ids", "max_new_tokens", "sampling", "stop", "num_speculative_tokens", "include_stats", "request_id", "draft_method")
+    __slots__ = ("text", "token_ids", "max_new_tokens", "sampling", "stop", "num_speculative_tokens", "include_stats", "request_id", "draft_method", "messages")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +44,7 @@ class GenerateRequest(_message.Message):
     INCLUDE_STATS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DRAFT_METHOD_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: TokenIds
     max_new_tokens: int
@@ -45,7 +54,8 @@ class GenerateRequest(_message.Message):
     include_stats: bool
     request_id: str
     draft_method: _common_pb2.DraftMethod
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., num_speculative_tokens: _Optional[int] = ..., include_stats: _Optional[bool] = ..., request_id: _Optional[str] = ..., draft_method: _Optional[_Union[_common_pb2.DraftMethod, str]] = ...) -> None: ...
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., num_speculative_tokens: _Optional[int] = ..., include_stats: _Optional[bool] = ..., request_id: _Optional[str] = ..., draft_method: _Optional[_Union[_common_pb2.DraftMethod, str]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
     __slots__ = ("rounds", "drafted_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "accepted_per_position", "drafted_per_position", "draft_ns", "verify_ns", "sampling_ns", "wire_ns", "prefill_ns", "total_ns", "predraft_attempts", "predraft_hits", "seed", "prompt_tokens", "predraft_guesses", "chained_rounds", "wire_bytes", "sampling_rule")

@@ -212,6 +212,15 @@ def test_the_drafter_sends_q_only_under_the_rejection_rule(stack):
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "sampling_rule" in raised.value.details()
 
 
+def test_a_conversation_is_rendered_by_the_chat_template_and_answered_as_the_target_would(client, models):
+    target, _ = models
+    conversation = [{"role": "system", "content": "w9 w10"}, {"role": "user", "content": "w11 w12 w13"}]
+    prompt = target.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+    expected = target_only_generate(target, prompt["input_ids"], SamplingParams(), MAX_NEW).token_ids
+    reply = client.generate(messages=conversation, max_new_tokens=MAX_NEW, include_stats=True)
+    assert list(reply.token_ids) == expected and reply.stats.prompt_tokens == len(prompt["input_ids"])
+
+
 def test_overlap_reports_predraft_hits(client):
     reply = client.generate([3, 4, 5], max_new_tokens=60, num_speculative_tokens=2, include_stats=True)
     stats = reply.stats
@@ -236,6 +245,10 @@ def test_overlap_reports_predraft_hits(client):
         (dict(top_k=-1), "sampling.top_k"),
         (dict(num_speculative_tokens=-1), "num_speculative_tokens"),
         (dict(num_speculative_tokens=99), "num_speculative_tokens"),
+        (dict(prompt=None), "prompt"),
+        (dict(prompt="w1", messages=[{"role": "user", "content": "w2"}]), "messages"),
+        (dict(prompt=None, messages=[{"role": "tool", "content": "w2"}]), "messages"),
+        (dict(prompt=None, messages=[{"role": "", "content": "w2"}]), "messages[0].role"),
     ],
 )
 def test_bad_input_is_invalid_argument_naming_the_field(client, kwargs, field):
