@@ -9,10 +9,9 @@ round trip to a model process per pass would cost them more than the serving thr
 
 from __future__ import annotations
 
-import concurrent.futures
 from collections.abc import Callable
 
-from specdec.local_stack import LocalStack, start_service
+from specdec.local_stack import LocalStack
 
 
 def start_stack(
@@ -37,7 +36,7 @@ def start_stack(
         "verify": ("verify_service", ["--model", target, "--threads", str(threads), *verify_cpus, "--model-process"]),
     }
     try:
-        _start_together(stack, replicas)
+        stack.start_together(replicas)
         wiring = [
             "--tokenizer",
             target,
@@ -48,8 +47,7 @@ def start_stack(
             "--no-adaptive-gamma",  # every round drafts the γ under test
             *coordinator_cpus,
         ]
-        _start_together(
-            stack,
+        stack.start_together(
             {
                 "coordinator": ("coordinator", [*wiring, "--overlap"]),
                 "coordinator-sequential": ("coordinator", [*wiring, "--no-overlap"]),
@@ -61,20 +59,6 @@ def start_stack(
     sequential = stack.services["coordinator-sequential"].address
     progress(f"coordinators at {stack.address} (overlap) and {sequential} (sequential); logs in {stack.log_dir}")
     return stack, {"grpc_overlap": stack.address, "grpc_sequential": sequential}
-
-
-def _start_together(stack: LocalStack, services: dict[str, tuple[str, list[str]]]) -> None:
-    """Starts services (name -> module, args) in parallel into stack.services; raises the first failure."""
-    with concurrent.futures.ThreadPoolExecutor(len(services)) as pool:
-        futures = {
-            name: pool.submit(start_service, name, module, args, stack.log_dir)
-            for name, (module, args) in services.items()
-        }
-    for name, future in futures.items():
-        if future.exception() is None:
-            stack.services[name] = future.result()
-    for future in futures.values():
-        future.result()
 
 
 def stop_stack(stack: LocalStack | None) -> None:

@@ -41,6 +41,10 @@ class RequestRun:
     verify_ns: int
     predraft_guesses: int = 0
     wire_bytes: int = 0
+    sampling_ns: int = 0
+    wire_ns: int = 0
+    prefill_ns: int = 0
+    total_ns: int = 0
 
     @property
     def hit_rate(self) -> float | None:
@@ -65,6 +69,10 @@ def timed_generate(client: Client, prompt: str | Sequence[int], **kwargs) -> Req
         stats.verify_ns,
         stats.predraft_guesses,
         stats.wire_bytes,
+        stats.sampling_ns,
+        stats.wire_ns,
+        stats.prefill_ns,
+        stats.total_ns,
     )
 
 
@@ -95,6 +103,12 @@ def totals(runs: Iterable[RequestRun]) -> dict:
         "guesses_per_predraft": round(sum(r.predraft_guesses for r in runs) / attempts, 3) if attempts else None,
         "draft_ms_per_round": round(sum(r.draft_ns for r in runs) / rounds / 1e6, 3) if rounds else None,
         "verify_ms_per_round": round(sum(r.verify_ns for r in runs) / rounds / 1e6, 3) if rounds else None,
+        "sampling_ms_per_round": round(sum(r.sampling_ns for r in runs) / rounds / 1e6, 3) if rounds else None,
+        "wire_ms_per_round": round(sum(r.wire_ns for r in runs) / rounds / 1e6, 3) if rounds else None,
+        "server_ms_per_round": (
+            round(sum(r.total_ns - r.prefill_ns for r in runs) / rounds / 1e6, 3) if rounds else None
+        ),
+        "prefill_ms_per_request": round(sum(r.prefill_ns for r in runs) / len(runs) / 1e6, 3) if runs else None,
         "wire_bytes_per_round": round(sum(r.wire_bytes for r in runs) / rounds, 1) if rounds else None,
     }
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from transformers import AutoTokenizer, GenerationConfig
 
 from coordinator.background_tasks import BackgroundTasks
+from coordinator.network_delay import network_delay_interceptors
 from coordinator.replica_discovery import ReplicaDiscovery
 from coordinator.replica_targets import DnsResolver, ReplicaTargets
 from coordinator.replicas import Replica, ReplicaPool
@@ -21,6 +22,7 @@ from coordinator.settings import CoordinatorSettings
 from specdec.common.settings import parse_settings
 from specdec.engine.cpu_affinity import pin_cpus
 from specdec.engine.model_runtime import VocabularyIdentity, check_same_vocabulary, tokenizer_sha256
+from specdec.engine.simulated.tokenizer import tokenizer_source
 from specdec.serving.server import RunningServer, configure_logging, start_server, wait_for_termination
 from specdec.serving.tls import channel_credentials, server_credentials, server_name_options
 from specdec.telemetry import start_telemetry
@@ -78,11 +80,13 @@ async def build_servicer(settings: CoordinatorSettings) -> tuple[CoordinatorServ
     """The servicer on ready replicas, and the discovery of each pool named by dns:/// entries (not started)."""
     if not 0 <= settings.predraft_guesses <= MAX_RANKED_ALTERNATIVES:
         raise ValueError(f"predraft_guesses must be in [0, {MAX_RANKED_ALTERNATIVES}], got {settings.predraft_guesses}")
-    tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer)
+    tokenizer_dir = tokenizer_source(settings.tokenizer)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     security = dict(
         credentials=channel_credentials(settings.replica_tls_ca, settings.replica_tls_cert, settings.replica_tls_key),
         options=server_name_options(settings.replica_tls_server_name),
-    )  # TLS to the replicas, if set
+        interceptors=network_delay_interceptors(settings.replica_network_delay_ms),
+    )  # TLS to the replicas, if set; an injected delay, if asked for
     resolver = DnsResolver(settings.dns_nameserver)
     draft_targets = ReplicaTargets("draft", settings.draft_replicas, resolver)
     verify_targets = ReplicaTargets("verify", settings.verify_replicas, resolver)
@@ -100,7 +104,7 @@ async def build_servicer(settings: CoordinatorSettings) -> tuple[CoordinatorServ
     servicer = CoordinatorServicer(
         settings,
         tokenizer,
-        eos_token_ids(settings.tokenizer, tokenizer),
+        eos_token_ids(tokenizer_dir, tokenizer),
         vocab_size,
         draft_pool,
         verify_pool,

@@ -58,6 +58,7 @@ class ReplicaPool(Generic[StubT]):
         make_stub: Callable[[grpc.aio.Channel], StubT],
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, str]] = (),
+        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
     ):
         if not addresses:
             raise ValueError(f"{kind}_replicas: at least one address is needed")
@@ -66,12 +67,13 @@ class ReplicaPool(Generic[StubT]):
         self._make_stub = make_stub
         self._credentials = credentials
         self._options = [*channel_options(), *options]
+        self._interceptors = [*trace_context_interceptors(), *interceptors]  # plus any of the caller's (a delay)
         self._tasks = BackgroundTasks()  # health probes and channel closes in flight
         self.replicas: list[Replica[StubT]] = [self.open(address) for address in addresses]
 
     def open(self, address: str) -> Replica[StubT]:
         """A replica with its channel open, not yet in placement (see join)."""
-        channel = open_aio_channel(address, self._credentials, self._options, interceptors=trace_context_interceptors())
+        channel = open_aio_channel(address, self._credentials, self._options, interceptors=self._interceptors)
         return Replica(address, channel, self._make_stub(channel))
 
     def acquire(self, required: bool = True) -> Replica[StubT] | None:

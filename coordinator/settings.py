@@ -30,7 +30,9 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
     dns_nameserver: str = setting(
         "", "HOST:PORT of a DNS server to ask for dns:/// entries (empty: the system's resolver, /etc/hosts first)"
     )
-    tokenizer: str = setting(str(DEMO_TARGET_DIR), "tokenizer directory or hub id (the target's)")
+    tokenizer: str = setting(
+        str(DEMO_TARGET_DIR), "tokenizer directory or hub id (the target's), or a twin device sim:PROFILE[:VOCAB]"
+    )
     default_num_speculative_tokens: int = setting(4, "γ for requests that do not set num_speculative_tokens")
     max_num_speculative_tokens: int = setting(16, "largest γ a request may ask for")
     max_new_tokens_limit: int = setting(1024, "largest max_new_tokens a request may ask for")
@@ -85,6 +87,11 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
         "replicas on other hosts)",
     )
     call_timeout_s: float = setting(30.0, "deadline of each internal call")
+    replica_network_delay_ms: float = setting(
+        0.0,
+        "measuring only: a one-way delay added to every call to a replica, each way, as if the replicas ran on "
+        "other hosts (coordinator/network_delay.py; 0 = off)",
+    )
     startup_timeout_s: float = setting(300.0, "how long to wait for the replicas to come up")
     grace_s: float = setting(10.0, "seconds in-flight requests get to finish after SIGTERM")
     # Redis: API keys, rate limits, the request journal, the session registry (coordinator/request_guard.py).

@@ -11,8 +11,8 @@ from draft_service.servicer import DrafterServicer
 from draft_service.settings import DraftSettings
 from specdec.common.settings import parse_settings
 from specdec.engine.cpu_affinity import pin_cpus
+from specdec.engine.model_loading import load_model
 from specdec.engine.model_process import ModelProcess, serving_model
-from specdec.engine.model_runtime import LoadedModel, ModelSettings
 from specdec.serving.server import configure_logging, start_server, wait_for_termination
 from specdec.serving.tls import server_credentials
 from specdec.telemetry import start_telemetry
@@ -25,7 +25,7 @@ log = logging.getLogger("draft_service")
 def build_service(settings: DraftSettings) -> DraftService:
     """Loads the draft model (if any) and wraps it in a DraftService."""
     if settings.model:
-        model = serving_model(LoadedModel.load(ModelSettings.of(settings)), settings)
+        model = serving_model(load_model(settings, "draft"), settings)
         return DraftService(settings, model, model.vocab_size)
     if settings.vocab_size <= 0:
         raise SystemExit("a model-free draft service needs --vocab-size (the target's vocabulary size)")

@@ -9,6 +9,7 @@ from specdec.engine.cpu_affinity import CpuAffinitySettings
 from specdec.engine.embedded_pair import DEMO_DRAFT_DIR
 from specdec.engine.execution_settings import ExecutionSettings
 from specdec.engine.kv.admission import KVCacheSettings
+from specdec.engine.simulated.settings import TwinSettings
 from specdec.engine.step_batcher import StepBatchingSettings
 from specdec.serving.session_store import SessionExpirySettings
 from specdec.serving.tls import ServerTlsSettings
@@ -22,13 +23,16 @@ class DraftSettings(
     CpuAffinitySettings,
     KVCacheSettings,
     ExecutionSettings,
+    TwinSettings,
 ):
     """Everything the draft service reads at start-up (tls_*: TLS, or mutual TLS with tls_client_ca, on its port)."""
 
     address: str = setting("[::]:50061", "host:port to serve gRPC on (port 0 picks a free port)")
     model: str = setting(str(DEMO_DRAFT_DIR), "draft model directory or hub id; empty serves n-gram drafting only")
     vocab_size: int = setting(0, "vocabulary size when serving n-gram drafting without a model (the target's)")
-    device: str = setting("cpu", "device for the draft model: cpu or cuda:N")
+    device: str = setting(
+        "cpu", "device for the draft model: cpu, cuda:N, or a twin sim:PROFILE[:VOCAB] (then --model draft)"
+    )
     dtype: str = setting("float32", "weight dtype: float32, bfloat16 or float16")
     threads: int = setting(1, "CPU threads for the model (0 = torch default)")
     draft_kernels: bool = setting(

@@ -5,6 +5,8 @@
     python -m load_tests --start-stack --concurrency 1,2,4,8,16 --rates 0.5,1,2 --max-new-tokens 128
     python -m load_tests --start-stack --concurrency 16 --modes spec --repeats 3 --baseline-batching-off
                                                                        # vs the same stack, batching off
+    python -m load_tests --start-stack --twin sim:llama70b-tp4-h100:8192 --draft-replicas 4 --verify-replicas 2
+                                                                       # the accelerator twin, 4 x 2 replicas
 
 Writes `report.json` (every level, comparison and request), `levels.csv` (a row per level), PNG plots and
 `summary.txt` under --out (default load_tests/results/latest/, which git ignores; reports kept for the record
@@ -26,7 +28,7 @@ from load_tests.prompts import PROMPT_SETS
 from load_tests.report import summary_text, write_csv, write_json
 from load_tests.sweep import MODES, Sweep, SweepConfig
 from specdec.engine.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
-from specdec.local_stack import REPO_ROOT, LocalStack
+from specdec.local_stack import REPO_ROOT, LocalStack, twin_stack
 
 DEFAULT_OUT = REPO_ROOT / "load_tests" / "results" / "latest"
 
@@ -60,6 +62,15 @@ def parser() -> argparse.ArgumentParser:
     stack = p.add_argument_group("--start-stack")
     stack.add_argument("--target", default=str(DEMO_TARGET_DIR), help="target model directory")
     stack.add_argument("--draft", default=str(DEMO_DRAFT_DIR), help="draft model directory")
+    stack.add_argument(
+        "--twin",
+        default="",
+        metavar="sim:PROFILE[:VOCAB]",
+        help="run the model services on the accelerator twin instead: they hold its target and draft, in place of "
+        "--target and --draft (docs/architecture.md, 'The accelerator twin')",
+    )
+    stack.add_argument("--draft-replicas", type=int, default=1, help="draft service processes behind the coordinator")
+    stack.add_argument("--verify-replicas", type=int, default=1, help="verify service processes behind the coordinator")
     stack.add_argument("--threads", type=int, default=1, help="CPU threads of each model service")
     stack.add_argument(
         "--draft-arg",
@@ -173,11 +184,7 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
         request_timeout_s=args.request_timeout_s,
         warmup=args.warmup,
         repeats=args.repeats,
-        stack=flags_description(
-            {"draft": args.draft_arg, "verify": args.verify_arg, "coordinator": args.coordinator_arg}
-        )
-        if args.start_stack
-        else "",
+        stack=started_stack_description(args) if args.start_stack else "",
         baseline=flags_description(baseline_args(args)),
     )
     try:
@@ -185,6 +192,17 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
     except ValueError as error:
         raise SystemExit(str(error)) from None
     return config
+
+
+def started_stack_description(args: argparse.Namespace) -> str:
+    """What --start-stack runs beyond the defaults: the twin, several replicas, extra flags ('' for none)."""
+    parts = [f"twin {args.twin}" if args.twin else ""]
+    if (args.draft_replicas, args.verify_replicas) != (1, 1):
+        parts.append(f"{args.draft_replicas} draft x {args.verify_replicas} verify replicas")
+    parts.append(
+        flags_description({"draft": args.draft_arg, "verify": args.verify_arg, "coordinator": args.coordinator_arg})
+    )
+    return "; ".join(part for part in parts if part)
 
 
 def baseline_args(args: argparse.Namespace) -> dict[str, list[str]]:
@@ -211,6 +229,20 @@ def write_outputs(report: dict, out: pathlib.Path) -> list[pathlib.Path]:
     ]
     (out / "summary.txt").write_text(summary + "\n")
     return [*paths, out / "summary.txt"]
+
+
+def started_stack(args: argparse.Namespace, threads: list[str], more: dict[str, list[str]]) -> LocalStack:
+    """The stack --start-stack asks for (on the demo pair or the twin), with a baseline's extra flags `more`."""
+    draft_args = [*threads, *args.draft_arg, *more.get("draft", [])]
+    verify_args = [*threads, *args.verify_arg, *more.get("verify", [])]
+    fields = dict(
+        coordinator_args=[*args.coordinator_arg, *more.get("coordinator", [])],
+        draft_replicas=args.draft_replicas,
+        verify_replicas=args.verify_replicas,
+    )
+    if args.twin:
+        return twin_stack(args.twin, draft_args, verify_args, **fields)
+    return LocalStack(args.target, args.draft, draft_args, verify_args, **fields)
 
 
 def run(args: argparse.Namespace, address: str, baseline_address: str | None = None) -> dict:
@@ -240,17 +272,13 @@ def main(argv: list[str] | None = None) -> dict:
     with contextlib.ExitStack() as stacks:
         addresses = []
         for name, more in [("stack", {})] + ([("baseline stack", extra)] if extra else []):
-            print(f"starting the {name} (target {args.target}, draft {args.draft}) ...", flush=True)
-            started = time.perf_counter()
-            stack = stacks.enter_context(
-                LocalStack(
-                    args.target,
-                    args.draft,
-                    draft_args=[*threads, *args.draft_arg, *more.get("draft", [])],
-                    verify_args=[*threads, *args.verify_arg, *more.get("verify", [])],
-                    coordinator_args=[*args.coordinator_arg, *more.get("coordinator", [])],
-                )
+            models = f"twin {args.twin}" if args.twin else f"target {args.target}, draft {args.draft}"
+            print(
+                f"starting the {name} ({models}; {args.draft_replicas} draft x {args.verify_replicas} verify) ...",
+                flush=True,
             )
+            started = time.perf_counter()
+            stack = stacks.enter_context(started_stack(args, threads, more))
             print(
                 f"{name} ready in {time.perf_counter() - started:.1f}s: coordinator at {stack.address}, "
                 f"logs in {stack.log_dir}",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import pathlib
 import re
@@ -78,7 +79,8 @@ def start_service(
 
 @dataclass
 class LocalStack:
-    """Draft, verify and coordinator processes wired together on loopback."""
+    """Draft, verify and coordinator processes wired together on loopback: one of each, or several replicas of the
+    model services (`draft`, `draft-2`, ...; `verify`, `verify-2`, ...) behind the coordinator."""
 
     target: str
     draft: str
@@ -88,25 +90,52 @@ class LocalStack:
     env: dict[str, str] = field(default_factory=dict)  # extra environment variables for all three processes
     log_dir: pathlib.Path = field(default_factory=lambda: pathlib.Path(tempfile.mkdtemp(prefix="specdec-")))
     services: dict[str, ServiceProcess] = field(default_factory=dict)
+    tokenizer: str = ""  # the coordinator's --tokenizer ("": the target)
+    draft_replicas: int = 1
+    verify_replicas: int = 1
+
+    def replica_names(self, kind: str) -> list[str]:
+        """`draft`, `draft-2`, ... (or `verify`, ...): the names of a kind's replicas."""
+        count = self.draft_replicas if kind == "draft" else self.verify_replicas
+        return [kind if index == 0 else f"{kind}-{index + 1}" for index in range(count)]
 
     def start(self) -> LocalStack:
+        """Starts the replicas side by side (importing torch dominates their start-up), then the coordinator."""
+        replicas = {
+            name: ("draft_service", ["--model", self.draft, *self.draft_args]) for name in self.replica_names("draft")
+        }
+        for name in self.replica_names("verify"):
+            replicas[name] = ("verify_service", ["--model", self.target, *self.verify_args])
         try:
-            self.services["draft"] = start_service(
-                "draft", "draft_service", ["--model", self.draft, *self.draft_args], self.log_dir, env=self.env
-            )
-            self.services["verify"] = start_service(
-                "verify", "verify_service", ["--model", self.target, *self.verify_args], self.log_dir, env=self.env
-            )
+            self.start_together(replicas)
             self.start_coordinator("coordinator", *self.coordinator_args)
         except BaseException:
             self.stop()
             raise
         return self
 
+    def start_together(self, services: dict[str, tuple[str, list[str]]]) -> None:
+        """Starts services (name -> module, args) side by side into `services`; raises the first failure (those
+        that started stay, for stop())."""
+        if not services:
+            return
+        with concurrent.futures.ThreadPoolExecutor(len(services)) as pool:
+            started = {
+                name: pool.submit(start_service, name, module, args, self.log_dir, env=self.env)
+                for name, (module, args) in services.items()
+            }
+        for name, future in started.items():
+            if future.exception() is None:
+                self.services[name] = future.result()
+        for future in started.values():
+            future.result()
+
     def wiring(self) -> list[str]:
         """Coordinator flags naming this stack's tokenizer (the target's) and its draft and verify replicas."""
-        draft, verify = self.services["draft"].address, self.services["verify"].address
-        return ["--tokenizer", self.target, "--draft-replicas", draft, "--verify-replicas", verify]
+        drafts, verifies = (
+            ",".join(self.services[n].address for n in self.replica_names(k)) for k in ("draft", "verify")
+        )
+        return ["--tokenizer", self.tokenizer or self.target, "--draft-replicas", drafts, "--verify-replicas", verifies]
 
     def start_coordinator(self, name: str, *args: str) -> ServiceProcess:
         """Starts a coordinator on this stack's replicas with extra flags; stop() stops it with the rest."""
@@ -120,7 +149,8 @@ class LocalStack:
 
     def stop(self) -> None:
         """Stops the coordinators first, then the replicas."""
-        for name in sorted(self.services, key=lambda name: name in ("draft", "verify")):
+        replicas = {*self.replica_names("draft"), *self.replica_names("verify")}
+        for name in sorted(self.services, key=lambda name: name in replicas):
             self.services[name].stop()
 
     def __enter__(self) -> LocalStack:
@@ -128,3 +158,10 @@ class LocalStack:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def twin_stack(device: str, draft_args: Sequence[str] = (), verify_args: Sequence[str] = (), **fields) -> LocalStack:
+    """A LocalStack on the accelerator twin: its replicas hold the target and the draft of the twin device
+    `sim:PROFILE[:VOCAB]` (docs/architecture.md, "The accelerator twin"), and the coordinator its tokenizer."""
+    on_twin = ["--device", device]
+    return LocalStack("target", "draft", [*on_twin, *draft_args], [*on_twin, *verify_args], tokenizer=device, **fields)

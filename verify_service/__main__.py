@@ -11,8 +11,8 @@ import sys
 
 from specdec.common.settings import parse_settings
 from specdec.engine.cpu_affinity import pin_cpus
+from specdec.engine.model_loading import load_model
 from specdec.engine.model_process import ModelProcess, serving_model
-from specdec.engine.model_runtime import LoadedModel, ModelSettings
 from specdec.serving.server import RunningServer, configure_logging, start_server, wait_for_termination
 from specdec.serving.tls import server_credentials
 from specdec.telemetry import start_telemetry
@@ -32,7 +32,7 @@ async def serve(settings: VerifySettings) -> None:
         ranks = TensorParallelLeader.start(settings, make_launcher(settings))
         model = ranks.model
     else:
-        model = serving_model(LoadedModel.load(ModelSettings.of(settings)), settings)
+        model = serving_model(load_model(settings, "target"), settings)
     servicer = VerifierServicer(
         VerifyService(settings, model, ranks, observe_verify_pass), settings.tensor_parallel_size, observe_batch
     )

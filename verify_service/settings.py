@@ -9,6 +9,8 @@ from specdec.engine.cpu_affinity import CpuAffinitySettings
 from specdec.engine.embedded_pair import DEMO_TARGET_DIR
 from specdec.engine.execution_settings import ExecutionSettings
 from specdec.engine.kv.admission import KVCacheSettings
+from specdec.engine.simulated.profiles import is_simulated
+from specdec.engine.simulated.settings import TwinSettings
 from specdec.engine.step_batcher import StepBatchingSettings
 from specdec.serving.session_store import SessionExpirySettings
 from specdec.serving.tls import ServerTlsSettings
@@ -25,12 +27,17 @@ class VerifySettings(
     CpuAffinitySettings,
     KVCacheSettings,
     ExecutionSettings,
+    TwinSettings,
 ):
     """Everything the verify service reads at start-up (tls_*: TLS, or mutual TLS with tls_client_ca, on its port)."""
 
     address: str = setting("[::]:50062", "host:port to serve gRPC on (port 0 picks a free port)")
     model: str = setting(str(DEMO_TARGET_DIR), "target model directory or hub id")
-    device: str = setting("cpu", "device for the target model: cpu or cuda:N (rank r uses cuda:r under TP)")
+    device: str = setting(
+        "cpu",
+        "device for the target model: cpu, cuda:N (rank r uses cuda:r under TP), or a twin sim:PROFILE[:VOCAB] "
+        "(then --model target)",
+    )
     dtype: str = setting("float32", "weight dtype: float32, bfloat16 or float16")
     threads: int = setting(1, "CPU threads per rank (0 = torch default)")
     max_sessions: int = setting(256, "most sessions held at once; more are refused with RESOURCE_EXHAUSTED")
@@ -85,5 +92,9 @@ class VerifySettings(
             )
         if self.tp_timeout_s <= 0 or self.tp_start_timeout_s <= 0:
             raise ValueError("tp_timeout_s and tp_start_timeout_s must be > 0")
+        if is_simulated(self.device) and self.tensor_parallel_size > 1:
+            raise ValueError(
+                "tensor_parallel_size: a twin device models its profile's tensor parallelism in one process"
+            )
         if self.model_process and self.tensor_parallel_size > 1:
             raise ValueError("model_process runs one rank's passes; tensor_parallel_size > 1 runs its ranks already")

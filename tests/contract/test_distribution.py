@@ -14,34 +14,15 @@ import concurrent.futures
 
 import numpy as np
 import pytest
+from chi_square import pooled_chisquare
 from harness import request
 from reference import next_token_probabilities
-from scipy.stats import chisquare
 
 PROMPT = [88, 280, 221]  # "x = " in the demo vocabulary: the target's first token is "x" about half the time
 NUM_SEEDS = 2048
 ALPHA = 0.001
-MIN_EXPECTED = 5.0
 TOP_FIRST = 4  # pairs are tested after this many of the most likely first tokens
 OTHER = -1
-
-
-def pooled_chisquare(observed: dict, probabilities: dict, total: int) -> tuple[float, float, int]:
-    """Chi-square of observed counts over cells with the given probabilities; every cell expected fewer than
-    MIN_EXPECTED times, and every observation outside the cells, goes to one pooled cell."""
-    cells = sorted((cell for cell, p in probabilities.items() if p * total >= MIN_EXPECTED), key=str)
-    expected = [probabilities[cell] * total for cell in cells]
-    counts = [observed.get(cell, 0) for cell in cells]
-    rest_expected, rest_count = total - sum(expected), total - sum(counts)
-    if rest_expected >= MIN_EXPECTED:
-        expected.append(rest_expected)
-        counts.append(rest_count)
-    else:  # too little left to stand alone: fold it into the smallest cell
-        smallest = int(np.argmin(expected))
-        expected[smallest] += rest_expected
-        counts[smallest] += rest_count
-    statistic, p_value = chisquare(counts, np.array(expected) * (sum(counts) / sum(expected)))
-    return float(statistic), float(p_value), len(counts)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from demo_pair.corpus import CorpusFile
-from load_tests.cli import is_loopback, main
+from load_tests.cli import config_from_args, is_loopback, main, parser
 from load_tests.generator import RequestResult, poisson_offsets
 from load_tests.prompts import code_prompts, grounded_prompts, word_prompts
 from load_tests.report import (
@@ -345,3 +345,14 @@ def test_prompt_sets_are_deterministic():
 )
 def test_only_loopback_addresses_by_default(address, expected):
     assert is_loopback(address) is expected
+
+
+def test_a_started_twin_stack_with_replicas_is_recorded_in_the_config():
+    args = parser().parse_args(
+        ["--start-stack", "--twin", "sim:llama8b-h100:8192", "--draft-replicas", "4", "--verify-replicas", "2"]
+        + ["--draft-arg=--max-sessions=64"]
+    )
+    assert config_from_args(args).stack == (
+        "twin sim:llama8b-h100:8192; 4 draft x 2 verify replicas; draft --max-sessions=64"
+    )
+    assert config_from_args(parser().parse_args(["--start-stack"])).stack == ""
