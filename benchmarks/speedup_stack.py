@@ -37,7 +37,7 @@ def start_stack(
         "verify": ("verify_service", ["--model", target, "--threads", str(threads), *verify_cpus, "--model-process"]),
     }
     try:
-        _start_together(stack, replicas)
+        start_together(stack, replicas)
         wiring = [
             "--tokenizer",
             target,
@@ -48,7 +48,7 @@ def start_stack(
             "--no-adaptive-gamma",  # every round drafts the γ under test
             *coordinator_cpus,
         ]
-        _start_together(
+        start_together(
             stack,
             {
                 "coordinator": ("coordinator", [*wiring, "--overlap"]),
@@ -63,7 +63,7 @@ def start_stack(
     return stack, {"grpc_overlap": stack.address, "grpc_sequential": sequential}
 
 
-def _start_together(stack: LocalStack, services: dict[str, tuple[str, list[str]]]) -> None:
+def start_together(stack: LocalStack, services: dict[str, tuple[str, list[str]]]) -> None:
     """Starts services (name -> module, args) in parallel into stack.services; raises the first failure."""
     with concurrent.futures.ThreadPoolExecutor(len(services)) as pool:
         futures = {
