@@ -21,6 +21,7 @@ from coordinator.settings import CoordinatorSettings
 from specdec.common.settings import parse_settings
 from specdec.engine.cpu_affinity import pin_cpus
 from specdec.engine.model_runtime import VocabularyIdentity, check_same_vocabulary, tokenizer_sha256
+from specdec.serving.event_loop import run_service
 from specdec.serving.server import RunningServer, configure_logging, start_server, wait_for_termination
 from specdec.serving.tls import channel_credentials, server_credentials, server_name_options
 from specdec.telemetry import start_telemetry
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = parse_settings(CoordinatorSettings, argv, description="Client-facing coordinator of the stack.")
     configure_logging(settings.log_level)
     pin_cpus(settings.cpus)
-    asyncio.run(serve(settings))
+    run_service(serve(settings), settings.event_loop)
 
 
 if __name__ == "__main__":

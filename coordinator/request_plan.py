@@ -27,6 +27,7 @@ class GenerationPlan:
     lookup_tokens: int = (
         0  # greedy: lookup tokens a block may try after its drafted ones (specdec/sampling/prompt_lookup.py)
     )
+    call_streams: bool = True  # calls to the replicas go as messages on one stream per session (CallStream)
 
     @property
     def rejection_guesses(self) -> int:

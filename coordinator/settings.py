@@ -8,11 +8,12 @@ from specdec.common.settings import setting
 from specdec.engine.cpu_affinity import CpuAffinitySettings
 from specdec.engine.embedded_pair import DEMO_TARGET_DIR
 from specdec.sampling.rules import SamplingRule
+from specdec.serving.event_loop import EventLoopSettings
 from specdec.serving.tls import ServerTlsSettings
 
 
 @dataclass(frozen=True)
-class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
+class CoordinatorSettings(EventLoopSettings, ServerTlsSettings, CpuAffinitySettings):
     """Everything the coordinator reads at start-up (tls_cert/tls_key/tls_client_ca: the client-facing port)."""
 
     address: str = setting("[::]:50051", "host:port of the client-facing gRPC API (port 0 picks a free port)")
@@ -47,6 +48,11 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
         "overlapped mode: hand each pre-drafted next block to the verifier as soon as "
         "it is drafted (VerifyNext); the verifier runs the one its verdict selects in "
         "its next pass, without a round trip to the coordinator",
+    )
+    call_streams: bool = setting(
+        True,
+        "send a request's calls to each replica as messages on one stream per session (CallStream) instead of "
+        "a unary call each: less work per round on both sides (--no-call-streams: unary calls)",
     )
     predraft_guesses: int = setting(
         2,

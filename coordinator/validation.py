@@ -87,6 +87,7 @@ def plan_request(
         draft_method=request.draft_method,
         overlap=settings.overlap,
         chain_rounds=settings.chain_rounds,
+        call_streams=settings.call_streams,
         predraft_guesses=settings.predraft_guesses,
         lookup_tokens=min(settings.lookup_tokens, max(0, settings.max_num_speculative_tokens - gamma - 1)),
     )

@@ -13,6 +13,7 @@ from specdec.common.settings import parse_settings
 from specdec.engine.cpu_affinity import pin_cpus
 from specdec.engine.model_process import ModelProcess, serving_model
 from specdec.engine.model_runtime import LoadedModel, ModelSettings
+from specdec.serving.event_loop import run_service
 from specdec.serving.server import configure_logging, start_server, wait_for_termination
 from specdec.serving.tls import server_credentials
 from specdec.telemetry import start_telemetry
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = parse_settings(DraftSettings, argv, description="Draft service of the speculative-decoding stack.")
     configure_logging(settings.log_level)
     pin_cpus(settings.cpus)
-    asyncio.run(serve(settings))
+    run_service(serve(settings), settings.event_loop)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,14 @@ from specdec.engine.embedded_pair import DEMO_DRAFT_DIR
 from specdec.engine.execution_settings import ExecutionSettings
 from specdec.engine.kv.admission import KVCacheSettings
 from specdec.engine.step_batcher import StepBatchingSettings
+from specdec.serving.event_loop import EventLoopSettings
 from specdec.serving.session_store import SessionExpirySettings
 from specdec.serving.tls import ServerTlsSettings
 
 
 @dataclass(frozen=True)
 class DraftSettings(
+    EventLoopSettings,
     ServerTlsSettings,
     StepBatchingSettings,
     SessionExpirySettings,

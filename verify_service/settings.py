@@ -10,6 +10,7 @@ from specdec.engine.embedded_pair import DEMO_TARGET_DIR
 from specdec.engine.execution_settings import ExecutionSettings
 from specdec.engine.kv.admission import KVCacheSettings
 from specdec.engine.step_batcher import StepBatchingSettings
+from specdec.serving.event_loop import EventLoopSettings
 from specdec.serving.session_store import SessionExpirySettings
 from specdec.serving.tls import ServerTlsSettings
 
@@ -19,6 +20,7 @@ RAY_PLACEMENT_STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
 
 @dataclass(frozen=True)
 class VerifySettings(
+    EventLoopSettings,
     ServerTlsSettings,
     StepBatchingSettings,
     SessionExpirySettings,

@@ -47,16 +47,22 @@ PassHook = Callable[[int, int, int], None]  # (forward ns, prompt tokens prefill
 
 
 def verify_rounds(
-    jobs: Sequence[VerifyJob], prefills: Sequence[PlannedForward] = (), on_pass: PassHook | None = None
+    jobs: Sequence[VerifyJob],
+    prefills: Sequence[PlannedForward] = (),
+    on_pass: PassHook | None = None,
+    first_tokens: Sequence[VerifyJob] = (),
 ) -> list[tuple[Verdict, VerifyTiming] | Exception]:
     """Truncates each session to its base_len, scores every x_1..x_γ in one pass, judges and commits.
 
     `prefills` (other sessions' planned prompt prefills, which need no logits) are fed in the same pass.
+    `first_tokens` are plain rounds (no draft, base_len the prompt's length) of sessions prefilled by this pass,
+    judged on the row their prefill keeps: a session's first token, drawn as plain decoding's first step draws it.
     `on_pass` hears of the pass, if one ran.
     After a round its session holds exactly the committed sequence: base_len tokens + the accepted tokens +
-    the recovered or bonus token. Returns per job its verdict and timing, or the error that failed it alone.
+    the recovered or bonus token. Returns per job, then per first token, its verdict and timing, or the error that
+    failed it alone.
     """
-    results: list[tuple[Verdict, VerifyTiming] | Exception | None] = [None] * len(jobs)
+    results: list[tuple[Verdict, VerifyTiming] | Exception | None] = [None] * (len(jobs) + len(first_tokens))
     planned: list[tuple[int, PlannedForward]] = []
     for index, job in enumerate(jobs):
         try:
@@ -78,17 +84,18 @@ def verify_rounds(
     batch_tokens = scored_tokens + prefill_tokens
     if on_pass is not None and batch_tokens:  # none ran when every round had its row from a prefill
         on_pass(forward_ns, prefill_tokens, scored_tokens)
+    judged = [(index, jobs[index], logits) for (index, _), logits in zip(planned, all_logits)]
+    for offset, job in enumerate(first_tokens):
+        _mark_greedy_decoding(job)
+        judged.append((len(jobs) + offset, job, job.session.next_logits))  # [1, V], kept by its prefill
     sampling_started = time.perf_counter_ns()
-    rounds = [
-        DraftRound(jobs[i].draft_tokens, jobs[i].draft_probs, jobs[i].params, jobs[i].base_len) for i, _ in planned
-    ]
+    rounds = [DraftRound(job.draft_tokens, job.draft_probs, job.params, job.base_len) for _, job, _ in judged]
     try:
-        outcomes = judge_rounds(rounds, all_logits)
+        outcomes = judge_rounds(rounds, [logits for _, _, logits in judged])
     except Exception as error:  # noqa: BLE001 - one that no single round caused fails each of them
         outcomes = [error] * len(rounds)
-    timing = VerifyTiming(forward_ns, time.perf_counter_ns() - sampling_started, len(planned), batch_tokens)
-    for (index, _), outcome in zip(planned, outcomes):
-        job = jobs[index]
+    timing = VerifyTiming(forward_ns, time.perf_counter_ns() - sampling_started, len(judged), batch_tokens)
+    for (index, job, _), outcome in zip(judged, outcomes):
         if isinstance(outcome, Exception):
             job.session.truncate(job.base_len)
             results[index] = outcome

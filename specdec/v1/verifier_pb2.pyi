@@ -8,24 +8,30 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenVerifySessionRequest(_message.Message):
-    __slots__ = ("session_id", "prompt_token_ids", "sampling", "sampling_rule")
+    __slots__ = ("session_id", "prompt_token_ids", "sampling", "sampling_rule", "draw_first_token", "next_call")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_RULE_FIELD_NUMBER: _ClassVar[int]
+    DRAW_FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CALL_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
     sampling_rule: _common_pb2.SamplingRule
-    def __init__(self, session_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., sampling_rule: _Optional[_Union[_common_pb2.SamplingRule, str]] = ...) -> None: ...
+    draw_first_token: bool
+    next_call: NextCallHint
+    def __init__(self, session_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., sampling_rule: _Optional[_Union[_common_pb2.SamplingRule, str]] = ..., draw_first_token: _Optional[bool] = ..., next_call: _Optional[_Union[NextCallHint, _Mapping]] = ...) -> None: ...
 
 class OpenVerifySessionResponse(_message.Message):
-    __slots__ = ("session_len", "prefill_ns")
+    __slots__ = ("session_len", "prefill_ns", "first_token_id")
     SESSION_LEN_FIELD_NUMBER: _ClassVar[int]
     PREFILL_NS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     session_len: int
     prefill_ns: int
-    def __init__(self, session_len: _Optional[int] = ..., prefill_ns: _Optional[int] = ...) -> None: ...
+    first_token_id: int
+    def __init__(self, session_len: _Optional[int] = ..., prefill_ns: _Optional[int] = ..., first_token_id: _Optional[int] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("session_id", "base_len", "draft_token_ids", "draft_probs", "next_call")

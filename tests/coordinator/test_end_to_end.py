@@ -100,7 +100,24 @@ def test_plain_decoding_through_the_verifier(client, models):
     reply = client.generate(prompt, max_new_tokens=MAX_NEW, num_speculative_tokens=0, include_stats=True)
     assert list(reply.token_ids) == target_only_generate(target, prompt, SamplingParams(), MAX_NEW).token_ids
     assert reply.stats.drafted_tokens == 0 and reply.stats.rounds == len(reply.token_ids)
-    assert reply.stats.chained_rounds == reply.stats.rounds - 1  # each next step handed over ahead of its verdict
+    # the first token comes with the open, the second from a Verify; each later step was handed over ahead
+    assert reply.stats.chained_rounds == reply.stats.rounds - 2
+
+
+def test_the_first_chunk_is_the_first_token_drawn_with_the_verifiers_prefill(client, models):
+    """The verifier draws the first token with its prefill and the coordinator streams it at once, before any
+    draft: a speculative stream opens with a chunk of that token alone, as a plain one does; a request for one
+    token ends with it."""
+    target, _ = models
+    prompt = [4, 9, 17]
+    expected = target_only_generate(target, prompt, SamplingParams(), MAX_NEW).token_ids
+    for gamma in (0, 4):
+        chunks = list(client.stream(prompt, max_new_tokens=MAX_NEW, num_speculative_tokens=gamma))
+        assert list(chunks[0].token_ids) == expected[:1]
+        assert [t for c in chunks for t in c.token_ids] == expected
+    one = client.generate(prompt, max_new_tokens=1, num_speculative_tokens=4, include_stats=True)
+    assert list(one.token_ids) == expected[:1] and one.finish_reason == 1  # FINISH_REASON_LENGTH
+    assert (one.stats.rounds, one.stats.drafted_tokens) == (1, 0)  # the first token: a plain round
 
 
 def test_eight_concurrent_requests_each_match_their_reference(client, models):
