@@ -20,6 +20,7 @@ from coordinator.servicer import CoordinatorServicer
 from coordinator.settings import CoordinatorSettings
 from specdec.common.settings import parse_settings
 from specdec.engine.cpu_affinity import pin_cpus
+from specdec.engine.gguf_checkpoint import resolve_model
 from specdec.engine.model_runtime import VocabularyIdentity, check_same_vocabulary, tokenizer_sha256
 from specdec.serving.server import RunningServer, configure_logging, start_server, wait_for_termination
 from specdec.serving.tls import channel_credentials, server_credentials, server_name_options
@@ -78,7 +79,8 @@ async def build_servicer(settings: CoordinatorSettings) -> tuple[CoordinatorServ
     """The servicer on ready replicas, and the discovery of each pool named by dns:/// entries (not started)."""
     if not 0 <= settings.predraft_guesses <= MAX_RANKED_ALTERNATIVES:
         raise ValueError(f"predraft_guesses must be in [0, {MAX_RANKED_ALTERNATIVES}], got {settings.predraft_guesses}")
-    tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer)
+    tokenizer_source = resolve_model(settings.tokenizer, settings.gguf_file)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
     security = dict(
         credentials=channel_credentials(settings.replica_tls_ca, settings.replica_tls_cert, settings.replica_tls_key),
         options=server_name_options(settings.replica_tls_server_name),
@@ -100,7 +102,7 @@ async def build_servicer(settings: CoordinatorSettings) -> tuple[CoordinatorServ
     servicer = CoordinatorServicer(
         settings,
         tokenizer,
-        eos_token_ids(settings.tokenizer, tokenizer),
+        eos_token_ids(tokenizer_source, tokenizer),
         vocab_size,
         draft_pool,
         verify_pool,
