@@ -25,6 +25,7 @@ from specdec.engine.packed_forward import PACKED_ATTENTION, packed_forward, pack
 from specdec.engine.packed_self_test import (
     UnsupportedModelError,
     cached_mismatch,
+    logits_dtype,
     packed_mismatch,
     plain_logits,
     probe_tokens,
@@ -152,7 +153,7 @@ class LoadedModel:
             if reason is not None:
                 self.use_cached_forward(own_attention)
         if reason is not None:
-            broken = cached_mismatch(self.forward, self.new_cache(), self.model.dtype, ids, reference)
+            broken = cached_mismatch(self.forward, self.new_cache(), logits_dtype(self.model), ids, reference)
             if broken is not None:
                 raise UnsupportedModelError(
                     f"model {self.settings.model!r} cannot be served: packed forward refused ({reason}); "

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from specdec.engine.draft_kernels import Bf16Linear
 from specdec.engine.kv.pool import KVPool
 from specdec.engine.packed_forward import packed_forward
 from specdec.engine.packed_step import AttentionBackend
@@ -49,6 +50,12 @@ def probe_tokens(vocab_size: int) -> list[int]:
 def plain_logits(model: torch.nn.Module, ids: Sequence[int], device: torch.device) -> torch.Tensor:
     """The model's own forward pass over the whole probe, no cache: float32 logits [T, V]."""
     return model(input_ids=torch.tensor([list(ids)], device=device), use_cache=False).logits[0].float()
+
+
+def logits_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The precision a model's logits are computed in: its dtype, or bfloat16 where its head runs in bfloat16 (a
+    draft's kernels), whose rounding the tolerance must allow for."""
+    return torch.bfloat16 if any(isinstance(m, Bf16Linear) for m in model.modules()) else model.dtype
 
 
 def _mismatch(got: torch.Tensor, want: torch.Tensor, what: str, dtype: torch.dtype) -> str | None:
@@ -87,7 +94,9 @@ def packed_mismatch(
                 model, [(ids[start:end], kv, end - start) for kv, start, end in runs], device, backend
             )
             for (_, start, end), got in zip(runs, logits):
-                reason = _mismatch(got, reference[start:end], f"packed positions {start}..{end - 1}", model.dtype)
+                reason = _mismatch(
+                    got, reference[start:end], f"packed positions {start}..{end - 1}", logits_dtype(model)
+                )
                 if reason is not None:
                     return reason
     except Exception as error:  # noqa: BLE001 - any failure of the packed path refuses it, with the reason
