@@ -1,10 +1,11 @@
-"""The SmolLM2 draft: its shape, its start from the target's embeddings, its head's ids and its loss.
+"""The SmolLM2 draft: the target cut to its bottom layers, its head's ids, and its loss.
 
-- Shape: narrow (width 256, 3 layers) with the full 49,152-id input embedding, so the weight file stays under 30 MB
-  in float16; the embedding starts as the target's projected onto its 256 leading principal directions (the
-  target's token geometry, at a quarter of the width), the layers from random.
-- Head: tied to the embedding, but served over the HEAD_TOKENS ids the target's answers use most
-  (specdec/engine/subset_head.py); training computes logits over those ids only, as serving does.
+- Shape: the target's first DRAFT_LAYERS decoder layers, its final norm, and its token embeddings with the tied head
+  (demo_pair/draft_distillation.py's start): the target's own geometry, which distillation teaches those few layers
+  to use. The embeddings stay frozen and are not shipped: the draft borrows them from the target at load time
+  (specdec/engine/borrowed_embeddings.py), so its weight file holds two layers.
+- Head: served over the HEAD_TOKENS ids the target's answers use most (specdec/engine/subset_head.py); training
+  computes logits over those ids only, as serving does.
 - Loss at each answer position: cross-entropy against the target's top-k distribution mapped onto the head's ids
   (mass on ids outside the head, or outside the top k, in one "rest" bucket), plus cross-entropy on the token the
   target wrote where the head holds it, weight 1 where sampled and 0.1 where greedy (as demo_pair's draft).
@@ -17,47 +18,20 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
-from demo_pair.draft_distillation import GREEDY_TOKEN_WEIGHT, SAMPLED_TOKEN_WEIGHT
+from demo_pair.draft_distillation import GREEDY_TOKEN_WEIGHT, SAMPLED_TOKEN_WEIGHT, draft_from_target
 from smollm2_draft.chat_outputs import ChatAnswer
 
 HEAD_TOKENS = 8192
-DRAFT_SHAPE = {
-    "hidden_size": 256,
-    "num_hidden_layers": 3,
-    "intermediate_size": 640,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
+DRAFT_LAYERS = 2
 
 
-def draft_config(target_config: LlamaConfig) -> LlamaConfig:
-    """The draft's config: DRAFT_SHAPE with the target's vocabulary, special ids, context and rotary base."""
-    return LlamaConfig(
-        vocab_size=target_config.vocab_size,
-        max_position_embeddings=target_config.max_position_embeddings,
-        rope_parameters=dict(target_config.rope_parameters),
-        rms_norm_eps=target_config.rms_norm_eps,
-        tie_word_embeddings=True,
-        bos_token_id=target_config.bos_token_id,
-        eos_token_id=target_config.eos_token_id,
-        pad_token_id=target_config.pad_token_id,
-        **DRAFT_SHAPE,
-    )
-
-
-@torch.no_grad()
-def draft_from_target_embeddings(target: LlamaForCausalLM) -> LlamaForCausalLM:
-    """A new draft whose input embedding is the target's projected onto its leading principal directions, scaled to
-    the initializer's spread; its layers are freshly initialized."""
-    draft = LlamaForCausalLM(draft_config(target.config))
-    embedding = target.get_input_embeddings().weight.float()  # [V, D_target]
-    centered = embedding - embedding.mean(dim=0)
-    _, _, directions = torch.pca_lowrank(centered, q=draft.config.hidden_size, center=False)  # [D_target, D]
-    projected = centered @ directions  # [V, D]
-    projected *= draft.config.initializer_range * 2 / projected.std()
-    draft.get_input_embeddings().weight.copy_(projected)
+def layer_dropped_draft(target: LlamaForCausalLM) -> LlamaForCausalLM:
+    """A draft of the target's first DRAFT_LAYERS layers, final norm and (frozen) embeddings with the tied head."""
+    config = type(target.config).from_dict({**target.config.to_dict(), "num_hidden_layers": DRAFT_LAYERS})
+    draft = draft_from_target(target, config)
+    draft.get_input_embeddings().weight.requires_grad_(False)
     return draft
 
 

@@ -33,9 +33,12 @@ def card(measurements: dict) -> str:
             "## Size",
             "| | |",
             "| --- | --- |",
-            f"| parameters | {draft['parameters']:,} (input embedding 49,152 × {shape['hidden_size']}, tied head) |",
-            f"| layers | {shape['num_hidden_layers']} (width {shape['hidden_size']}, MLP {shape['intermediate_size']}, "
-            f"{shape['num_attention_heads']} query and {shape['num_key_value_heads']} key/value heads) |",
+            f"| parameters | {draft['parameters']:,} as served; {training['parameters_shipped']:,} shipped (the rest "
+            "are "
+            "the target's token embeddings, 49,152 × 576, tied to the head, taken from the target at load time and "
+            "checked by SHA-256: `embeddings_from.json`) |",
+            f"| layers | {shape['layers']} of the target's {shape['of_target_layers']} (width 576, MLP 1,536, 9 query "
+            "and 3 key/value heads), then the target's final norm |",
             f"| head as served | the {training['head_tokens']:,} ids the target's training answers use most "
             f"({training['head_coverage_of_training_answers']:.1%} of their tokens); -inf elsewhere, so q = 0 there "
             "(`specdec/engine/subset_head.py`) |",
@@ -43,9 +46,8 @@ def card(measurements: dict) -> str:
             f"| weight file | {draft['weight_file_bytes'] / 1e6:.1f} MB (float16 safetensors) |",
             "",
             "## Training",
-            "Distilled from the target on its own answers: the input embedding starts as the target's projected onto "
-            "its "
-            f"{shape['hidden_size']} leading principal directions, the layers from random. Data: the target's answers "
+            f"Distilled from the target on its own answers, starting as the target cut to its first {shape['layers']} "
+            "layers (embeddings frozen: they stay the target's). Data: the target's answers "
             f"to the {data['answers']:,} training-side chat prompts of `load_tests/chat_prompts.py` (question "
             "templates "
             f"× topics, split by topic: no held-out topic is seen), {data['answer_tokens']:,} answer tokens, "

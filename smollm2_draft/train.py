@@ -1,7 +1,7 @@
 """Make the SmolLM2 draft: the target's answers to chat prompts, then a narrow draft distilled on them.
 
     python -m smollm2_draft.train answers --max-minutes 18   # the target's answers, resumable (~10 min in all)
-    python -m smollm2_draft.train draft --steps 2400         # distil the draft (resumes from its checkpoint)
+    python -m smollm2_draft.train draft --steps 800          # distil the draft (resumes from its checkpoint)
 
 The target is the pinned GGUF (fetched by `python -m specdec fetch`); it answers in bfloat16 (3× the float32
 rate on these cores; its answers are the same text up to near-ties). Work files live in `--work-dir`. The
@@ -23,15 +23,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 from demo_pair.train import RunSettings, train
 from smollm2_draft.chat_outputs import TOP_K, generate_chat_answers, load_chat_answers
 from smollm2_draft.distillation import (
-    DRAFT_SHAPE,
+    DRAFT_LAYERS,
     HEAD_TOKENS,
     coverage,
     distillation_loss,
-    draft_from_target_embeddings,
     head_token_ids,
+    layer_dropped_draft,
 )
+from specdec.engine.borrowed_embeddings import EMBEDDING_TENSOR, write_embeddings_source
 from specdec.engine.gguf_checkpoint import resolve_model
-from specdec.engine.smollm2_pair import SMOLLM2_DRAFT_DIR, smollm2_target
+from specdec.engine.smollm2_pair import SMOLLM2_DRAFT_DIR, SMOLLM2_WHEEL, smollm2_target
 from specdec.engine.subset_head import write_head_ids
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -41,14 +42,21 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 def save_draft(
     draft: LlamaForCausalLM, target_dir: pathlib.Path, out_dir: pathlib.Path, kept: list[int], stats: dict
 ) -> None:
-    """float16 weights, the target's tokenizer files, the head's ids and training.json."""
+    """float16 weights but the borrowed embedding, where that comes from, the target's tokenizer files, the head's
+    ids and training.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    draft.to(torch.float16).save_pretrained(out_dir)
+    write_embeddings_source(out_dir, SMOLLM2_WHEEL, draft.get_input_embeddings().weight)
+    draft = draft.to(torch.float16)
+    own = {
+        name: tensor for name, tensor in draft.state_dict().items() if name not in (EMBEDDING_TENSOR, "lm_head.weight")
+    }
+    draft.save_pretrained(out_dir, state_dict=own)
     for name in TOKENIZER_FILES:
         if (target_dir / name).exists():
             shutil.copy(target_dir / name, out_dir / name)
     write_head_ids(out_dir, kept, f"the {len(kept)} ids the target's training answers use most")
     stats["parameters"] = sum(p.numel() for p in draft.parameters())
+    stats["parameters_shipped"] = sum(tensor.numel() for tensor in own.values())
     (out_dir / "training.json").write_text(json.dumps(stats, indent=2) + "\n")
     print(f"saved {out_dir}", flush=True)
 
@@ -59,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work-dir", type=pathlib.Path, default=REPO_ROOT / ".smollm2_work")
     parser.add_argument("--draft-dir", type=pathlib.Path, default=SMOLLM2_DRAFT_DIR)
     parser.add_argument("--max-minutes", type=float, default=18.0, help="answers: stop after this long (resume later)")
-    parser.add_argument("--steps", type=int, default=2400)
+    parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -84,15 +92,15 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     settings = RunSettings(
-        steps=args.steps, batch_size=16, seq_len=0, learning_rate=2e-3, warmup_steps=50, checkpoint_every=100, seed=2
+        steps=args.steps, batch_size=16, seq_len=0, learning_rate=1e-3, warmup_steps=20, checkpoint_every=50, seed=2
     )
-    draft = draft_from_target_embeddings(target)
+    draft = layer_dropped_draft(target)
     started = time.time()
     loss = distillation_loss(answers, kept, settings.batch_size, tokenizer.pad_token_id, target.config.vocab_size)
-    stats = train("smollm2-draft", draft, settings, loss, args.work_dir)
+    stats = train(f"smollm2-draft-{DRAFT_LAYERS}-layers", draft, settings, loss, args.work_dir)
     sampled = sum(a.sampled for a in answers)
     stats.update(
-        shape=DRAFT_SHAPE,
+        shape={"layers": DRAFT_LAYERS, "of_target_layers": target.config.num_hidden_layers},
         head_tokens=len(kept),
         head_coverage_of_training_answers=round(coverage(answers, kept), 4),
         training_data={

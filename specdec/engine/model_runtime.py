@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.engine.attention.selection import AttentionBackendChoice, choose_attention_backend
+from specdec.engine.borrowed_embeddings import embeddings_source, use_borrowed_embeddings
 from specdec.engine.cpu_linears import use_onednn_linears
 from specdec.engine.cuda_graph_steps import CudaGraphSteps, cuda_graphs_refusal
 from specdec.engine.direct_forward import direct_forward_refusal
@@ -228,8 +229,9 @@ class LoadedModel:
     @classmethod
     def load(cls, settings: ModelSettings, **from_pretrained_kwargs) -> LoadedModel:
         """Loads weights and tokenizer from a local directory, hub id (no download happens offline) or GGUF file
-        (dequantized on first use, specdec/engine/gguf_checkpoint.py). A directory with a subset head's ids gets
-        that head (specdec/engine/subset_head.py)."""
+        (dequantized on first use, specdec/engine/gguf_checkpoint.py). A directory that borrows its target's
+        embeddings gets them (specdec/engine/borrowed_embeddings.py); one with a subset head's ids gets that head
+        (specdec/engine/subset_head.py)."""
         if settings.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {settings.dtype!r}")
         if settings.threads > 0:
@@ -238,6 +240,9 @@ class LoadedModel:
         source = resolve_model(settings.model, settings.gguf_file)
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[settings.dtype], **from_pretrained_kwargs)
+        borrowed = embeddings_source(source)
+        if borrowed is not None:
+            use_borrowed_embeddings(model, borrowed)
         if "tp_plan" not in from_pretrained_kwargs:
             model = model.to(settings.device)
             use_onednn_linears(model)
