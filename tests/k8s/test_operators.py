@@ -12,7 +12,6 @@ import shutil
 import stat
 import subprocess
 import tempfile
-import time
 
 import pytest
 import yaml
@@ -115,15 +114,15 @@ def kuberay_start_command(group: dict, head: bool) -> str:
 
 
 def shim(directory: pathlib.Path, name: str, log: pathlib.Path) -> None:
-    """A stand-in for a command on PATH that records its arguments, one per line, then a line `--`."""
+    """A stand-in for a command on PATH that records its arguments, one per line, in a file of its own under `log`
+    (the head's `ray start` runs beside its `ray health-check`: one shared file could interleave them)."""
     path = directory / name
-    path.write_text(f'#!/bin/bash\nprintf "%s\\n" "{name}" "$@" -- >> {log}\nexit 0\n')
+    path.write_text(f'#!/bin/bash\nprintf "%s\\n" "{name}" "$@" > "$(mktemp -p {log})"\nexit 0\n')
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
 def calls(log: pathlib.Path) -> list[list[str]]:
-    text = log.read_text() if log.exists() else ""
-    return [chunk.strip("\n").split("\n") for chunk in text.split("--\n") if chunk.strip()]
+    return [path.read_text().strip("\n").split("\n") for path in sorted(log.iterdir())]
 
 
 def test_kuberays_start_command_reaches_ray_with_its_quoted_values_whole(overlay):
@@ -139,6 +138,7 @@ def test_kuberays_start_command_reaches_ray_with_its_quoted_values_whole(overlay
             generated = kuberay_start_command(group, head)
             with tempfile.TemporaryDirectory() as scratch:
                 bin_dir, log = pathlib.Path(scratch), pathlib.Path(scratch) / "calls"
+                log.mkdir()
                 for name in ("ray", "python"):
                     shim(bin_dir, name, log)
                 environ = {
@@ -152,10 +152,7 @@ def test_kuberays_start_command_reaches_ray_with_its_quoted_values_whole(overlay
                     ["/bin/bash", "-c", script], env=environ, capture_output=True, text=True, timeout=30
                 )
                 assert done.returncode == 0, done.stderr
-                for _ in range(100):  # the head starts ray in the background
-                    if any(call[:2] == ["ray", "start"] for call in calls(log)):
-                        break
-                    time.sleep(0.05)
+                # run() returned at EOF of the pipes, which the head's background `ray start` holds too.
                 starts = [call[2:] for call in calls(log) if call[:2] == ["ray", "start"]]
             wanted = shlex.split(generated)[2:]  # what a shell makes of it, after `ray start`
             assert starts == [wanted], f"{group.get('groupName', 'head')}: ray start got {starts}, not {wanted}"
