@@ -29,7 +29,7 @@ from specdec.local_stack import LocalStack
 from specdec.redis_server import RedisServer
 
 DEFAULT_PROMPT = "def fibonacci(n):\n    "  # the demo pair's: it writes Python
-DEFAULT_QUESTION = "What is speculative decoding, in two sentences?"  # the default pair's: a chat model
+DEFAULT_QUESTION = "What is the capital of France, and what is it famous for?"  # the default pair's: a chat model
 SERVICE_MODULES = {
     "draft": "draft_service.__main__",
     "verify": "verify_service.__main__",
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         help="sent as 'authorization: Bearer KEY' [env SPECDEC_API_KEY]",
     )
     generate.add_argument("--tls-ca", default="", help="PEM CA of the coordinator's certificate: connect with TLS")
-    up.add_argument("prompt", nargs="?", default="", help="the question (default: one about speculative decoding)")
+    up.add_argument("prompt", nargs="?", default="", help="the question (default: one about Paris)")
     generate.add_argument("prompt", nargs="?", default=DEFAULT_PROMPT)
     for sub in (up, generate):
         sub.add_argument("--max-new-tokens", type=int, default=64)
