@@ -29,6 +29,10 @@ from specdec.local_stack import LocalStack
 from specdec.redis_server import RedisServer
 
 DEFAULT_PROMPT = "def fibonacci(n):\n    "  # the demo pair's: it writes Python
+# The SmolLM2 pair's coordinator settings, from its measurements (docs/results.md, "The SmolLM2 pair"): with 49,152
+# ids the rejection rule's dense q costs 0.4-1.1 MB a round at batch 1, where the coupled rule served 1.09-1.10x the
+# tokens/s; its draft's acceptance falls fast along a block, so γ 2 beats γ 4.
+SMOLLM2_COORDINATOR_FLAGS = ("--unseeded-sampling-rule", "coupled", "--default-num-speculative-tokens", "2")
 DEFAULT_QUESTION = "What is the capital of France, and what is it famous for?"  # the default pair's: a chat model
 SERVICE_MODULES = {
     "draft": "draft_service.__main__",
@@ -76,11 +80,12 @@ def command_fetch(args: argparse.Namespace) -> None:
         raise SystemExit(f"fetch: {error}") from None
 
 
-def up_pair(args: argparse.Namespace) -> tuple[str, str]:
-    """The target and draft `up` serves: as given, the demo pair with --demo, else SmolLM2 (fetched if needed)."""
-    target = args.target or (str(DEMO_TARGET_DIR) if args.demo else fetch_smollm2())
-    draft = args.draft or str(DEMO_DRAFT_DIR if args.demo else SMOLLM2_DRAFT_DIR)
-    return target, draft
+def up_pair(args: argparse.Namespace) -> tuple[str, str, list[str]]:
+    """The target and draft `up` serves, and the coordinator flags for them: as given, the demo pair with --demo,
+    else SmolLM2 (fetched if needed) with its own settings."""
+    if args.demo or args.target:
+        return args.target or str(DEMO_TARGET_DIR), args.draft or str(DEMO_DRAFT_DIR), []
+    return fetch_smollm2(), args.draft or str(SMOLLM2_DRAFT_DIR), list(SMOLLM2_COORDINATOR_FLAGS)
 
 
 def up_request(args: argparse.Namespace) -> dict:
@@ -92,7 +97,7 @@ def up_request(args: argparse.Namespace) -> dict:
 
 
 def command_up(args: argparse.Namespace) -> None:
-    args.target, args.draft = up_pair(args)
+    args.target, args.draft, pair_flags = up_pair(args)
     threads = ["--threads", str(args.threads)]
     resources = contextlib.ExitStack()
     redis_url = redis_for_up(args, resources)
@@ -107,7 +112,7 @@ def command_up(args: argparse.Namespace) -> None:
             args.draft,
             draft_args=threads,
             verify_args=threads,
-            coordinator_args=["--redis-url", redis_url] if redis_url else [],
+            coordinator_args=[*pair_flags, *(["--redis-url", redis_url] if redis_url else [])],
         ) as stack,
     ):
         print(
