@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from load_tests.chat_prompts import chat_messages, chat_prompts
+from specdec.cli import SMOLLM2_COORDINATOR_FLAGS
 from specdec.engine.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
 from specdec.engine.smollm2_pair import SMOLLM2_DRAFT_DIR, SMOLLM2_WHEEL
 
@@ -24,6 +25,7 @@ class Pair:
     target: str  # a model directory or GGUF file
     draft: str
     prompt_set: str  # "code" or "chat"
+    coordinator_flags: tuple[str, ...] = ()  # the pair's own coordinator settings, as `up` passes them
 
 
 def model_pair(name: str) -> Pair:
@@ -31,7 +33,7 @@ def model_pair(name: str) -> Pair:
     if name == "demo":
         return Pair("demo", str(DEMO_TARGET_DIR), str(DEMO_DRAFT_DIR), "code")
     if name == "smollm2":
-        return Pair("smollm2", str(SMOLLM2_WHEEL.fetch()), str(SMOLLM2_DRAFT_DIR), "chat")
+        return Pair("smollm2", str(SMOLLM2_WHEEL.fetch()), str(SMOLLM2_DRAFT_DIR), "chat", SMOLLM2_COORDINATOR_FLAGS)
     raise ValueError(f"unknown pair {name!r}; choose from {', '.join(PAIR_NAMES)}")
 
 

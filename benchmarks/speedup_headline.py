@@ -56,9 +56,7 @@ def ratios(tokens_per_s: dict[str, float]) -> dict[str, dict]:
     return out
 
 
-def headline(
-    tokens_per_s_by_set: dict[str, dict[str, dict[str, float]]], top_set: str = HEADLINE_PROMPT_SET
-) -> dict:
+def headline(tokens_per_s_by_set: dict[str, dict[str, dict[str, float]]], top_set: str = HEADLINE_PROMPT_SET) -> dict:
     """prompt set -> temperature -> contender -> tokens/s, into the report's `headline` object:
     `headline[temperature][prompt_set][key]`, and the greedy figures of `top_set` at the top."""
     by_temperature: dict[str, dict[str, dict]] = {}

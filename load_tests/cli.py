@@ -236,6 +236,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.pair:
         pair = model_pair(args.pair)
         args.target, args.draft = pair.target, pair.draft
+        args.coordinator_arg = [*pair.coordinator_flags, *args.coordinator_arg]
     config_from_args(args)  # fail on bad flags before starting anything
     extra = baseline_args(args)
     if args.address:
