@@ -6,6 +6,7 @@ Propose calls join a running propose step before its next pass (--join-running-s
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from contextlib import nullcontext
 
@@ -74,6 +75,8 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         method = METHOD_NAMES.get(request.draft_method, "unknown")
         lanes = max(request.num_lanes, 1)
         constraint = constraint_from_proto(request.constraint)
+        if constraint is not None and self.service.constraints is not None:  # off the model thread, as the verifier
+            await asyncio.to_thread(self.service.constraints.compile, constraint)
         holds_kv = self._admission is not None and (method or self.service.settings.default_draft_method) == MODEL
         admitted = (
             self._admission.admitted(self._admission.blocks_needed(len(prompt), lanes)) if holds_kv else nullcontext()

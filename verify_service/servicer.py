@@ -125,6 +125,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         prompt = check_token_ids(request.prompt_token_ids, self.service.model.vocab_size, "prompt_token_ids")
         params = session_sampling_from_proto(request.sampling, request.sampling_rule)
         constraint = constraint_from_proto(request.constraint)
+        if constraint is not None:  # compiled (or found in the cache) off the model thread, which opens with it
+            await asyncio.to_thread(self.service.constraints.compile, constraint)
         admission = self._admission
         async with nullcontext() if admission is None else admission.admitted(admission.blocks_needed(len(prompt))):
             prefill_ns = await self._run(

@@ -190,12 +190,13 @@ class ConstraintCursor:
         the first j drafted tokens (everything once they leave the grammar or it has ended with its stop token), and
         the first row that allows nothing (a dead end), or None. Leaves the matcher after the rows' tokens."""
         mask = allowing_all(rows, self.vocab_size)
+        words = mask.numpy()  # the same memory: numpy reads a row faster than a torch op
         self.sync(generated)
         for row in range(rows):
             if not self.follows or self._matcher.is_terminated():
                 break
             self._matcher.fill_next_token_bitmask(mask, row)
-            if not bool(mask[row].any()):
+            if not words[row].any():
                 return mask, row
             if row < len(drafted) and row + 1 < rows:
                 self.follows = self._matcher.accept_token(int(drafted[row]))

@@ -35,11 +35,15 @@ SCHEMAS = [
         "properties": {
             "name": {"type": "string", "maxLength": 12},
             "tags": {"type": "array", "items": {"enum": ["red", "green"]}, "maxItems": 3},
-            "inner": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+            "inner": {
+                "type": "object",
+                "properties": {"n": {"type": "integer", "minimum": -50, "maximum": 50}},
+                "required": ["n"],
+            },
         },
         "required": ["name", "tags", "inner"],
     },
-    {"type": "array", "items": {"type": "number"}, "minItems": 1, "maxItems": 4},
+    {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}, "minItems": 1, "maxItems": 4},
 ]
 REGEX = "(ab|cd|ef)[0-9]{1,3}"
 ALPHA = 0.001
