@@ -9,9 +9,11 @@ and a block's masks follow its drafted tokens: row j's mask is the one after the
 
 from __future__ import annotations
 
+import collections
 import enum
 import json
 import re
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +24,9 @@ import xgrammar
 from specdec.common.errors import InvalidFieldError
 from specdec.common.settings import setting
 
+COMPILED_KEPT = 256  # compiled constraints kept by spec, most recently used first (the engine caches by bytes too)
+_BOUNDED_STRING_CHAR = r"[^\"\\\r\n]"  # xgrammar's class of a length-bounded string's characters
+_JSON_STRING_CHAR = r"[^\0-\x1f\"\\\r\n]"  # its class of an unbounded string's: no control character
 _ENGINE_LOCATION = re.compile(r"^\[[\d:]+\] \S+:\d+: ")  # "[16:06:49] /project/cpp/x.cc:94: " before the reason
 
 
@@ -91,6 +96,8 @@ class ConstraintCompiler:
         self.limits = limits
         self._compiler = xgrammar.GrammarCompiler(info, cache_enabled=True, cache_limit_bytes=limits.cache_bytes)
         self._slow: set[ConstraintSpec] = set()  # compiled, but past max_compile_s: refused from then on
+        self._compiled: collections.OrderedDict[ConstraintSpec, xgrammar.CompiledGrammar] = collections.OrderedDict()
+        self._lock = threading.Lock()  # compiles run on request threads and the model thread
 
     def compile(self, spec: ConstraintSpec) -> xgrammar.CompiledGrammar:
         """The compiled grammar of `spec`; InvalidFieldError naming its field with the engine's reason, or the
@@ -102,6 +109,10 @@ class ConstraintCompiler:
             )
         if spec in self._slow:
             raise InvalidFieldError(field, f"took longer than the limit of {limits.max_compile_s} s to compile")
+        with self._lock:
+            if (compiled := self._compiled.get(spec)) is not None:
+                self._compiled.move_to_end(spec)
+                return compiled
         started = time.perf_counter()
         try:
             compiled = self._compile(spec)
@@ -109,6 +120,10 @@ class ConstraintCompiler:
             raise InvalidFieldError(field, engine_reason(error)) from None
         if time.perf_counter() - started > limits.max_compile_s:
             self.refuse_slow(spec)
+        with self._lock:
+            self._compiled[spec] = compiled
+            if len(self._compiled) > COMPILED_KEPT:
+                self._compiled.popitem(last=False)
         return compiled
 
     def refuse_slow(self, spec: ConstraintSpec) -> None:
@@ -118,11 +133,13 @@ class ConstraintCompiler:
 
     def _compile(self, spec: ConstraintSpec) -> xgrammar.CompiledGrammar:
         compiler, kind = self._compiler, spec.kind
-        if kind is ConstraintKind.JSON_OBJECT:
-            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False, separators=(",", ":"))
-        if kind is ConstraintKind.JSON_SCHEMA:
-            json.loads(spec.source)  # a clear parse error before the engine's
-            return compiler.compile_json_schema(spec.source, any_whitespace=False, separators=(",", ":"))
+        if kind in (ConstraintKind.JSON_OBJECT, ConstraintKind.JSON_SCHEMA):
+            schema = spec.source if kind is ConstraintKind.JSON_SCHEMA else '{"type": "object"}'
+            json.loads(schema)  # a clear parse error before the engine's
+            grammar = xgrammar.Grammar.from_json_schema(schema, any_whitespace=False, separators=(",", ":"))
+            # A string with a length bound lets any character but '"', '\\', CR and LF through; JSON allows no
+            # control character unescaped, as the engine's unbounded strings already say.
+            return compiler.compile_grammar(str(grammar).replace(_BOUNDED_STRING_CHAR, _JSON_STRING_CHAR))
         if kind is ConstraintKind.REGEX:
             return compiler.compile_regex(spec.source)
         if kind is ConstraintKind.GRAMMAR:
