@@ -7,10 +7,12 @@ One LocalStack (the draft service and the coordinator on one core, the verify se
 benchmarks/stack_runs.pinned_cores pins them), γ fixed (--no-adaptive-gamma), greedy. Per constraint three modes on
 each prompt, back to back in a rotating order: `constrained` (γ > 0 with the constraint), `unconstrained` (the same
 γ, no constraint) and `constrained_plain` (γ 0 with the constraint: one masked target step per token through the
-verifier). Two constraints: a JSON schema (out of the code-trained demo pair's domain, so α drops) and a regex of
-Python lines (in its domain). A mode's figure is tokens/s over its requests' summed wall time; the ratios are
-medians over runs. The mask cost is the verifier's sampler time per token (constrained minus unconstrained), and
-in process the time to compute one masked block row per token of the constrained outputs.
+verifier). Two constraints: a JSON schema, every mode's code prompt followed by "\nCONFIG = " (a prompt that asks
+for a literal, as a user asks for JSON; the code-trained demo pair still writes JSON less alike than code, so α
+drops), and a regex of indented Python lines on the code prompts. A mode's figure is tokens/s over its requests'
+summed wall time; the ratios are medians over runs. The mask cost is the verifier's sampler time per token
+(constrained minus unconstrained), and in process the time to compute one masked block row per token of the
+constrained outputs.
 Writes `constrained.json` to benchmarks/results/ (or --out-dir).
 """
 
@@ -55,9 +57,9 @@ SCHEMA = {
     "required": ["name", "version", "tags", "options"],
 }
 PYTHON_LINES = r"([ ]{4}[^\n]{0,78}\n){1,12}"  # indented Python lines: a function body as the code prompts open it
-CONSTRAINTS = {
-    "json_schema": ConstraintSpec(ConstraintKind.JSON_SCHEMA, json.dumps(SCHEMA)),
-    "python_lines_regex": ConstraintSpec(ConstraintKind.REGEX, PYTHON_LINES),
+CONSTRAINTS = {  # name: (constraint, what every mode's prompts end with)
+    "json_schema": (ConstraintSpec(ConstraintKind.JSON_SCHEMA, json.dumps(SCHEMA)), "\nCONFIG = "),
+    "python_lines_regex": (ConstraintSpec(ConstraintKind.REGEX, PYTHON_LINES), ""),
 }
 HEADLINE_CONSTRAINT = "json_schema"
 FLOORS = {"vs_unconstrained": 0.8, "vs_constrained_plain": 1.5}
@@ -165,11 +167,12 @@ def main(argv: list[str] | None = None) -> dict:
 
         tokenizer = AutoTokenizer.from_pretrained(args.target)
         compiler = ConstraintCompiler(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
-        for name, spec in CONSTRAINTS.items():
-            run_interleaved(client, prompts[:1], spec, args.gamma, args.max_new_tokens, 0)  # warm-up, unmeasured
+        for name, (spec, suffix) in CONSTRAINTS.items():
+            asking = [prompt + suffix for prompt in prompts]
+            run_interleaved(client, asking[:1], spec, args.gamma, args.max_new_tokens, 0)  # warm-up, unmeasured
             per_run = []
             for index in range(args.runs):
-                per_run.append(run_interleaved(client, prompts, spec, args.gamma, args.max_new_tokens, index))
+                per_run.append(run_interleaved(client, asking, spec, args.gamma, args.max_new_tokens, index))
                 figures = {mode: totals(per_run[-1][mode])["tokens_per_s"] for mode in MODES}
                 print(
                     f"{name} run {index + 1}/{args.runs}: "
@@ -178,6 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
             outputs = [r.token_ids for run in per_run for r in run["constrained"]]
             results[name] = {
                 "constraint": {spec.kind.value: spec.source},
+                "prompt_suffix": suffix,
                 "mask_us_per_token_in_process": mask_us_per_token(compiler, spec, outputs),
                 **summarize(per_run),
             }

@@ -24,6 +24,7 @@ import xgrammar
 from specdec.common.errors import InvalidFieldError
 from specdec.common.settings import setting
 
+JSON_SEPARATORS = (", ", ": ")  # JSON output as Python and most code write it: one space after ',' and ':'
 COMPILED_KEPT = 256  # compiled constraints kept by spec, most recently used first (the engine caches by bytes too)
 _BOUNDED_STRING_CHAR = r"[^\"\\\r\n]"  # xgrammar's class of a length-bounded string's characters
 _JSON_STRING_CHAR = r"[^\0-\x1f\"\\\r\n]"  # its class of an unbounded string's: no control character
@@ -136,7 +137,7 @@ class ConstraintCompiler:
         if kind in (ConstraintKind.JSON_OBJECT, ConstraintKind.JSON_SCHEMA):
             schema = spec.source if kind is ConstraintKind.JSON_SCHEMA else '{"type": "object"}'
             json.loads(schema)  # a clear parse error before the engine's
-            grammar = xgrammar.Grammar.from_json_schema(schema, any_whitespace=False, separators=(",", ":"))
+            grammar = xgrammar.Grammar.from_json_schema(schema, any_whitespace=False, separators=JSON_SEPARATORS)
             # A string with a length bound lets any character but '"', '\\', CR and LF through; JSON allows no
             # control character unescaped, as the engine's unbounded strings already say.
             return compiler.compile_grammar(str(grammar).replace(_BOUNDED_STRING_CHAR, _JSON_STRING_CHAR))

@@ -165,7 +165,7 @@ def greedy_case(kind: str, grammar_compiler):
     if kind == "regex":
         return common_pb2.Constraint(regex=REGEX), grammar_compiler.compile_regex(REGEX), {}
     schema = SCHEMAS[int(kind[-1])] if kind.startswith("schema") else SCHEMAS[1]
-    grammar = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, separators=(",", ":"))
+    grammar = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, separators=(", ", ": "))
     # As the server does: a length-bounded string refuses control characters, as JSON does.
     compiled = grammar_compiler.compile_grammar(str(grammar).replace(r"[^\"\\\r\n]", r"[^\0-\x1f\"\\\r\n]"))
     penalties = dict(repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.3) if kind == "penalties" else {}
