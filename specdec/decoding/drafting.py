@@ -83,11 +83,11 @@ class DraftJob:
             self.session.truncate(len(self.session) - len(lookup))
             return self.result()
         ranked = top.indices.tolist()
-        kept, last = 0, len(lookup) if dead_row is None else dead_row  # no token after a dead end
+        kept, last = 0, len(lookup) if dead_row is None else dead_row  # no token at or after a dead end
         while kept < min(len(lookup), last) and ranked[kept][0] == lookup[kept]:
             kept += 1
         self.session.truncate(len(self.session) - len(lookup) + kept)
-        own = [ranked[kept][0]] if kept < last or dead_row is None else []
+        own = [] if kept == dead_row else [ranked[kept][0]]
         self.session.append(own)  # the draft's own token stays pending, as every last drafted one
         for position, token in enumerate([*lookup[:kept], *own]):
             self.take(token, ranked[position])
@@ -104,20 +104,23 @@ def next_tokens(jobs: Sequence[DraftJob], logits: torch.Tensor) -> list[int | Ex
     - a job whose row has NaN or +inf, or no allowed token, gets its NonFiniteLogitsError instead, alone;
     - a job whose constraint allows no token there gets None: its block ends before it.
     """
-    ended = set()
+    ended: dict[int, Exception | None] = {}  # rows whose rules end them: None at a dead end, else their error
     if any(job.rules is not None for job in jobs):
         logits = logits.clone()
         for row, job in enumerate(jobs):
-            if job.rules is not None:
-                shaped = job.rules.shape(logits[row : row + 1], job.session.tokens, len(job.session))
-                logits[row] = shaped.logits[0]
-                if shaped.dead_row is not None:
-                    ended.add(row)
+            try:
+                if job.rules is not None:
+                    shaped = job.rules.shape(logits[row : row + 1], job.session.tokens, len(job.session))
+                    logits[row] = shaped.logits[0]
+                    if shaped.dead_row is not None:
+                        ended[row] = None
+            except Exception as error:  # noqa: BLE001 - the constraint engine failed that job alone
+                ended[row] = error
     requests = [RowRequest(job.params, len(job.session), job.num_alternatives) for job in jobs]
     tokens: list[int | Exception | None] = []
     for row, (job, choice) in enumerate(zip(jobs, choose_rows(logits, requests))):
         if row in ended:
-            tokens.append(None)
+            tokens.append(ended[row])
         elif choice.bad_logits:
             tokens.append(NonFiniteLogitsError(BAD_LOGITS_MESSAGES[BadLogits(choice.bad_logits)]))
         else:
