@@ -196,15 +196,21 @@ def chi_square(observed: collections.Counter, cells: dict, total: int) -> tuple[
     [
         (SamplingParams(temperature=1.0), True),
         (SamplingParams(temperature=1.0, rule=SamplingRule.COUPLED), True),
-        (SamplingParams(temperature=0.9, repetition_penalty=1.6, frequency_penalty=1.0, presence_penalty=0.5), False),
+        (SamplingParams(temperature=1.0, repetition_penalty=2.0, presence_penalty=2.0, min_p=0.05), False),
         (SamplingParams(temperature=1.0, frequency_penalty=2.0, min_p=0.05), False),
+        (
+            SamplingParams(
+                temperature=1.0, repetition_penalty=0.5, frequency_penalty=-1.0, min_p=0.05, rule=SamplingRule.COUPLED
+            ),
+            False,
+        ),
     ],
-    ids=["regex-rejection", "regex-coupled", "penalties-rejection", "penalties-min-p"],
+    ids=["regex-rejection", "regex-coupled", "repetition-presence", "frequency", "rewarding-coupled"],
 )
 def test_sampled_pairs_follow_the_exact_distribution(pair, compiler, params, constrained):
     target = pair[0]
     spec = ConstraintSpec(ConstraintKind.REGEX, REGEX) if constrained else None
-    prompt = [17, 17, 52, 17, 300, 52] if not constrained else [17, 52]
+    prompt = [5, 9, 5, 9, 5, 9, 52] if not constrained else [17, 52]  # the penalised: its pairs spread over cells
     observed = collections.Counter()
     for seed in range(SAMPLES):
         seeded = dataclasses.replace(params, seed=seed)
