@@ -103,9 +103,9 @@ def card(measurements: dict) -> str:
             f"Greedy α {t0['acceptance_rate']:.2f} falls short of the 0.6 this draft was aimed at: two of thirty "
             f"layers distilled on {data['answer_tokens']:,} answer tokens for {training['train_seconds'] / 60:.0f} "
             "minutes learn the target's frequent phrasing, not its content words on unseen topics (acceptance at "
-            f"draft positions 1-4: {', '.join(f'{a:.2f}' for a in t0['acceptance_by_position'])}). At that α the "
-            "stack's policy speculates little and serves close to plain decoding "
-            "([results](../../docs/results.md#the-smollm2-pair)).",
+            f"draft positions 1-4: {', '.join(f'{a:.2f}' for a in t0['acceptance_by_position'])}). Short blocks "
+            "pay best with it: the stack serves it at γ 2 (`up` does), where a verify block costs less than a "
+            "one-token step on these cores ([results](../../docs/results.md#the-smollm2-pair)).",
             "",
             "## Reproduce",
             "```bash",
