@@ -22,7 +22,7 @@ from coordinator.replica_errors import replica_error
 from coordinator.replicas import Replica
 from specdec.common.errors import InvalidFieldError, ReplicaUnreachableError, SpecDecError
 from specdec.serving.call_stream_client import CallStreamClient
-from specdec.serving.wire import SAMPLING_RULE_ENUMS, sampling_to_proto
+from specdec.serving.wire import SAMPLING_RULE_ENUMS, constraint_to_proto, sampling_to_proto
 from specdec.v1 import common_pb2, drafter_pb2, verifier_pb2
 
 log = logging.getLogger(__name__)
@@ -52,13 +52,15 @@ class ReplicaSessions:
         self._opens: asyncio.Future | None = None  # once opening: -> the opens' outcomes
         self._streams: dict[str, CallStreamClient] = {}  # by replica address: the session's call streams
 
-    async def open(self) -> int:
+    async def open(self) -> verifier_pb2.OpenVerifySessionResponse:
         """Opens the session on both replicas (prefilling the prompt), the drafter's only if speculating; returns the
-        first token, which the verifier draws from its prefill (as plain decoding's first step draws it), as soon as
-        the verifier answers: the client sees it without waiting for the drafter, whose open `drafter_opened` awaits."""
+        verifier's answer, with the first token it drew from its prefill (as plain decoding's first step draws it), as
+        soon as the verifier answers: the client sees it without waiting for the drafter, whose open `drafter_opened`
+        awaits."""
         state, plan = self.state, self.state.plan
         started = time.perf_counter_ns()
         sampling, rule = sampling_to_proto(plan.params), SAMPLING_RULE_ENUMS[plan.params.rule]
+        constraint = constraint_to_proto(plan.constraint)
         # the first round follows the first token at once when it is plain; a speculative one drafts first
         first_round_at_once = self.draft is None and plan.max_new_tokens > 1
         with state.telemetry.stage("open_sessions") as parent:
@@ -72,6 +74,8 @@ class ReplicaSessions:
                         prompt_token_ids=plan.prompt_ids,
                         sampling=sampling,
                         sampling_rule=rule,
+                        constraint=constraint,
+                        output_start=plan.output_start,
                         draw_first_token=True,
                         next_call=verifier_pb2.NextCallHint(after_any_verdict=first_round_at_once),
                     ),
@@ -86,6 +90,8 @@ class ReplicaSessions:
                     draft_method=plan.draft_method,
                     num_lanes=len(state.lanes),
                     sampling_rule=rule,
+                    constraint=constraint,
+                    output_start=plan.output_start,
                 )
                 opens.append(
                     asyncio.ensure_future(
@@ -100,7 +106,7 @@ class ReplicaSessions:
                 raise
         state.stats.prefill_ns = time.perf_counter_ns() - started
         state.metrics.stage_ns(prefill=state.stats.prefill_ns)
-        return reply.first_token_id
+        return reply
 
     async def drafter_opened(self) -> None:
         """Waits for the drafter's open (a drafter that failed it has turned the request plain); raises what the

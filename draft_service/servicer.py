@@ -8,6 +8,7 @@ answered by the same method as its unary call.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from contextlib import nullcontext
 
@@ -16,7 +17,13 @@ from specdec.engine.kv.admission import KVAdmission
 from specdec.engine.step_batcher import StepBatcher
 from specdec.serving.call_stream import CallStreamServer, streamed_methods
 from specdec.serving.session_store import expire_idle_sessions
-from specdec.serving.wire import check_token_ids, kv_block_info, probs_to_proto, session_sampling_from_proto
+from specdec.serving.wire import (
+    check_token_ids,
+    constraint_from_proto,
+    kv_block_info,
+    probs_to_proto,
+    session_sampling_from_proto,
+)
 from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 
 METHOD_NAMES = {
@@ -71,12 +78,17 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         params = session_sampling_from_proto(request.sampling, request.sampling_rule)
         method = METHOD_NAMES.get(request.draft_method, "unknown")
         lanes = max(request.num_lanes, 1)
+        constraint = constraint_from_proto(request.constraint)
+        if constraint is not None and self.service.constraints is not None:  # off the model thread, as the verifier
+            await asyncio.to_thread(self.service.constraints.compile, constraint)
         holds_kv = self._admission is not None and (method or self.service.settings.default_draft_method) == MODEL
         admitted = (
             self._admission.admitted(self._admission.blocks_needed(len(prompt), lanes)) if holds_kv else nullcontext()
         )
         async with admitted:
-            prefill_ns = await self._batcher.submit("open", request.session_id, prompt, params, method, lanes)
+            prefill_ns = await self._batcher.submit(
+                "open", request.session_id, prompt, params, method, lanes, constraint, request.output_start
+            )
         return drafter_pb2.OpenDraftSessionResponse(session_len=len(prompt), prefill_ns=prefill_ns)
 
     async def Propose(self, request: drafter_pb2.ProposeRequest, context) -> drafter_pb2.ProposeResponse:

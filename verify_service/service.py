@@ -14,7 +14,9 @@ from specdec.engine.kv.session import KVSession, PlannedForward
 from specdec.engine.model_runtime import LoadedModel
 from specdec.engine.step_batcher import NOT_YET, FollowUpChoice, NotYet, only_result
 from specdec.engine.step_cost import calibrate
+from specdec.sampling.constraints import ConstraintCompiler, ConstraintSpec
 from specdec.sampling.rules import SamplingParams, Verdict
+from specdec.sampling.sequence_rules import SequenceRules, session_rules
 from specdec.serving.session_store import SessionStore
 from specdec.serving.wire import PLAIN_STEP
 from verify_service.settings import VerifySettings
@@ -30,6 +32,7 @@ class TargetSession:
 
     kv: KVSession
     params: SamplingParams
+    rules: SequenceRules | None = None  # penalties, min_p, a constraint
 
     def __len__(self) -> int:
         return len(self.kv)
@@ -45,11 +48,14 @@ class Opened:
 
 @dataclass(frozen=True)
 class OpenCall:
-    """One open of a step: the session, its prompt and settings, and whether to draw its first token."""
+    """One open of a step: the session, its prompt and settings, its constraint and where its output starts (0: at
+    the prompt's end), and whether to draw its first token."""
 
     session_id: str
     prompt_ids: Sequence[int]
     params: SamplingParams
+    constraint: ConstraintSpec | None = None
+    output_start: int = 0
     draws_first_token: bool = False
 
 
@@ -87,13 +93,24 @@ class VerifyService:
         )
         self.sessions_model = model if ranks is None else ranks.mirrored  # the model every session runs on
         self.step_cost = calibrate(self.sessions_model)  # what a pass costs, for the policy
+        self.constraints = ConstraintCompiler(
+            model.tokenizer, model.vocab_size, model.eos_token_ids, settings.constraint_limits()
+        )
 
     def open(
-        self, session_id: str, prompt_ids: Sequence[int], params: SamplingParams, draws_first_token: bool = False
+        self,
+        session_id: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        constraint: ConstraintSpec | None = None,
+        output_start: int = 0,
+        draws_first_token: bool = False,
     ) -> Opened:
         """Opens a session and prefills the prompt, keeping its last row for the first round, or drawing the first
-        token from it (draws_first_token): the first token comes with the prefill, as plain decoding draws it."""
-        return only_result(self.open_many([OpenCall(session_id, prompt_ids, params, draws_first_token)]))
+        token from it (draws_first_token): the first token comes with the prefill, as plain decoding draws it. The
+        constraint and the penalties cover the tokens from output_start (0: the prompt's end)."""
+        call = OpenCall(session_id, prompt_ids, params, constraint, output_start, draws_first_token)
+        return only_result(self.open_many([call]))
 
     def open_many(self, opens: Sequence[OpenCall]) -> list[Opened | Exception]:
         """Opens sessions and prefills them in one pass; per open what it gives, or its error."""
@@ -114,10 +131,10 @@ class VerifyService:
 
     def step_many(self, calls: Sequence[tuple]) -> list:
         """One model step for the queued calls of distinct sessions, each (session_id, OPEN, prompt_ids, params[,
-        draws_first_token]) or (session_id, VERIFY, base_len, draft_tokens, draft_probs): new sessions' prefills are
-        packed into the rounds' scoring pass, so an arriving request adds its prompt's tokens to a pass instead of a
-        pass of its own that every running session would wait for. Per call what open_many / verify_many return for
-        it."""
+        constraint, output_start, draws_first_token]) or (session_id, VERIFY, base_len, draft_tokens, draft_probs):
+        new sessions' prefills are packed into the rounds' scoring pass, so an arriving request adds its prompt's
+        tokens to a pass instead of a pass of its own that every running session would wait for. Per call what
+        open_many / verify_many return for it."""
         kinds = [kind for _, kind, *_ in calls]
         opens = [OpenCall(session_id, *rest) for session_id, kind, *rest in calls if kind == OPEN]
         rounds = [(session_id, *rest) for session_id, kind, *rest in calls if kind in ROUND_KINDS]
@@ -159,7 +176,7 @@ class VerifyService:
             if not isinstance(last, tuple):  # the open, without a first token, ran last
                 return None
             verdict, _, session_len = last
-            if session_len - verdict.num_accepted - 1 != after_base_len:
+            if verdict.dead_end or session_len - verdict.num_accepted - 1 != after_base_len:
                 return None
             for index, guessed in enumerate(rounds):
                 if (guessed.num_accepted, guessed.next_token) == (verdict.num_accepted, verdict.next_token):
@@ -196,6 +213,7 @@ class VerifyService:
                             draft_probs,
                             session.params,
                             ends_request=bool(last_rounds) and last_rounds[index],
+                            rules=session.rules,
                         ),
                     )
                 )
@@ -234,8 +252,11 @@ class VerifyService:
         first_tokens: list[tuple[int, VerifyJob]] = []
         for index, call in enumerate(opens):
             try:
+                rules = session_rules(
+                    self.constraints, call.params, len(call.prompt_ids), call.constraint, call.output_start
+                )
                 self.sessions.reserve(call.session_id)
-                session = TargetSession(KVSession(self.sessions_model, call.prompt_ids), call.params)
+                session = TargetSession(KVSession(self.sessions_model, call.prompt_ids), call.params, rules)
                 self.sessions.add(call.session_id, session)
             except Exception as error:  # noqa: BLE001 - that open fails alone
                 open_results[index] = error
@@ -249,7 +270,8 @@ class VerifyService:
                 open_results[index] = error
                 continue
             if call.draws_first_token:
-                job = VerifyJob(session.kv, call.session_id, len(call.prompt_ids), [], None, call.params)
+                base_len = len(call.prompt_ids)
+                job = VerifyJob(session.kv, call.session_id, base_len, [], None, call.params, rules=rules)
                 first_tokens.append((index, job))
         return opened, prefills, first_tokens
 

@@ -19,6 +19,7 @@ from specdec.serving.call_stream import CallStreamServer, streamed_methods
 from specdec.serving.session_store import expire_idle_sessions
 from specdec.serving.wire import (
     check_token_ids,
+    constraint_from_proto,
     ends_after,
     follows_at_once,
     kv_block_info,
@@ -30,13 +31,18 @@ from verify_service.service import LAST_VERIFY, OPEN, VERIFY, GuessedRound, Open
 
 
 def _round_follows(hint: verifier_pb2.NextCallHint) -> Callable[[tuple], bool]:
-    """For the batcher: whether the caller's next round follows a round's result (verdict, timing, length) at once."""
-    return lambda result: follows_at_once(hint, result[0].num_accepted, result[0].next_token)
+    """For the batcher: whether the caller's next round follows a round's result (verdict, timing, length) at once
+    (never after a dead end: the request ends)."""
+    return lambda result: not result[0].dead_end and follows_at_once(hint, result[0].num_accepted, result[0].next_token)
 
 
 def _first_token_follows(hint: verifier_pb2.NextCallHint) -> Callable[[Opened], bool]:
     """For the batcher: whether the caller's first round follows an open's first token at once."""
-    return lambda opened: opened.first is not None and follows_at_once(hint, 0, opened.first[0].next_token)
+    return lambda opened: (
+        opened.first is not None
+        and not opened.first[0].dead_end
+        and follows_at_once(hint, 0, opened.first[0].next_token)
+    )
 
 
 def _round_kind(request: verifier_pb2.VerifyRequest | verifier_pb2.VerifyNextRequest) -> str:
@@ -47,8 +53,9 @@ def _round_kind(request: verifier_pb2.VerifyRequest | verifier_pb2.VerifyNextReq
 def _verify_response(verdict, timing, session_len: int) -> verifier_pb2.VerifyResponse:
     return verifier_pb2.VerifyResponse(
         accepted_token_ids=verdict.accepted_tokens,
-        next_token_id=verdict.next_token,
+        next_token_id=verdict.next_token if not verdict.dead_end else 0,
         is_bonus=verdict.is_bonus,
+        constraint_dead_end=verdict.dead_end,
         session_len=session_len,
         forward_ns=timing.forward_ns,
         sampling_ns=timing.sampling_ns,
@@ -130,14 +137,31 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     ) -> verifier_pb2.OpenVerifySessionResponse:
         prompt = check_token_ids(request.prompt_token_ids, self.service.model.vocab_size, "prompt_token_ids")
         params = session_sampling_from_proto(request.sampling, request.sampling_rule)
+        constraint = constraint_from_proto(request.constraint)
+        if constraint is not None:  # compiled (or found in the cache) off the model thread, which opens with it
+            await asyncio.to_thread(self.service.constraints.compile, constraint)
         first = request.draw_first_token
         follows = _first_token_follows(request.next_call) if first and request.HasField("next_call") else None
         admission = self._admission
         async with nullcontext() if admission is None else admission.admitted(admission.blocks_needed(len(prompt))):
-            opened = await self._run("step", request.session_id, OPEN, prompt, params, first, follows=follows)
+            opened = await self._run(
+                "step",
+                request.session_id,
+                OPEN,
+                prompt,
+                params,
+                constraint,
+                request.output_start,
+                first,
+                follows=follows,
+            )
         if opened.first is None:
             return verifier_pb2.OpenVerifySessionResponse(session_len=len(prompt), prefill_ns=opened.prefill_ns)
         verdict, _, session_len = opened.first
+        if verdict.dead_end:  # the constraint allows no first token: the request ends
+            return verifier_pb2.OpenVerifySessionResponse(
+                session_len=session_len, prefill_ns=opened.prefill_ns, constraint_dead_end=True
+            )
         return verifier_pb2.OpenVerifySessionResponse(
             session_len=session_len, prefill_ns=opened.prefill_ns, first_token_id=verdict.next_token
         )
