@@ -80,9 +80,10 @@ def test_errors_come_back_with_the_status_a_unary_call_gets(tiny_pair):
         missing = verifier_pb2.VerifyRequest(session_id="nobody", base_len=4, draft_token_ids=[1])
         codes = [await status_of(stream.call("Verify", request, 30)) for request in (bad_token, stale, missing)]
         unary = [await status_of(stub.Verify(request, timeout=30)) for request in (bad_token, stale, missing)]
+        await stream.call("Verify", verifier_pb2.VerifyRequest(session_id="s", base_len=4), 30)
         waiting = verifier_pb2.VerifyNextRequest(session_id="s", after_base_len=50, plain_otherwise=True)
         late = await status_of(stream.call("VerifyNext", waiting, timeout=0.2))  # waits for a round that never runs
-        after_late = await stream.call("Verify", verifier_pb2.VerifyRequest(session_id="s", base_len=4), 30)
+        after_late = await stream.call("Verify", verifier_pb2.VerifyRequest(session_id="s", base_len=5), 30)
         pending = asyncio.ensure_future(stream.call("VerifyNext", waiting, timeout=30))
         await asyncio.sleep(0.2)
         stream.cancel()
@@ -93,5 +94,5 @@ def test_errors_come_back_with_the_status_a_unary_call_gets(tiny_pair):
     expected = [grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND]
     assert codes == unary == expected
     assert late == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert after_late.session_len == len(PROMPT) + 1  # the stream serves on after a call's deadline
+    assert after_late.session_len == len(PROMPT) + 2  # the stream serves on after a call's deadline
     assert ended == grpc.StatusCode.UNAVAILABLE  # a call on a stream that ended
