@@ -5,7 +5,9 @@ already drafts block k+1 under guessed verdicts of block k (coordinator/predraft
 guess sends that block straight to the verifier, otherwise the next block is drafted afresh. Draws are keyed by
 (seed, position), so both modes commit the same tokens.
 
-Each loop iteration is one round: [propose block k,] verify block k (pre-drafting block k+1 meanwhile), commit.
+The verifier's open draws the first token from its prefill (docs/architecture.md, "The first token"): it is
+committed and streamed before the drafter's open is awaited. Then each loop iteration is one round: [propose block
+k,] verify block k (pre-drafting block k+1 meanwhile), commit.
 The parts of a request share its GenerationState (coordinator/generation_state.py): its sessions on the replicas
 (coordinator/replica_sessions.py), its rounds' calls to them (coordinator/round_calls.py), the sizes of its blocks
 (coordinator/block_sizing.py) and its pre-drafts.
@@ -32,7 +34,7 @@ from coordinator.round_blocks import ChainedRound, DraftBlock, LaneCall
 from coordinator.round_calls import RoundCalls
 from coordinator.speculation_gate import SpeculationGate
 from coordinator.speculation_policy import AcceptanceRate, RoundTimes
-from coordinator.text_stream import Chunk, TextStream
+from coordinator.text_stream import CONSTRAINT_DEAD_END, Chunk, TextStream
 from specdec.v1 import verifier_pb2
 
 
@@ -74,7 +76,12 @@ class Generation:
             if self.gate is not None:
                 self.gate.enter()
             try:
-                await self.sessions.open()
+                first = self._commit_first_token(await self.sessions.open())
+                self.telemetry.emitted(len(first.token_ids))
+                yield first
+                if first.finish_reason or self.state.remaining <= 0:
+                    return
+                await self.sessions.drafter_opened()
                 async with contextlib.aclosing(self._rounds()) as rounds:  # ends after the chunk with a finish reason
                     async for chunk in rounds:
                         self.telemetry.emitted(len(chunk.token_ids))
@@ -124,6 +131,15 @@ class Generation:
                 waiting_since = time.perf_counter_ns()
                 block, chained = await self.predrafter.next_round(predraft, verdict)
 
+    def _commit_first_token(self, opened: verifier_pb2.OpenVerifySessionResponse) -> Chunk:
+        """The first token, drawn by the verifier from its prefill, committed as the verdict of a plain round (none
+        where the constraint allows none: the request ends)."""
+        verdict = verifier_pb2.VerifyResponse(
+            next_token_id=opened.first_token_id, constraint_dead_end=opened.constraint_dead_end
+        )
+        with self.telemetry.round() as round_span:
+            return self._commit(DraftBlock([], None), verdict, round_span)
+
     async def _sync_and_propose(self, round_span: Context) -> DraftBlock:
         """Drafts the next block afresh, on the lane that needs the least syncing to the committed sequence."""
         num_tokens = self.sizing.block_size(0, self.sizing.gamma())
@@ -152,7 +168,9 @@ class Generation:
             self.state.verdicts.observe(drafted, block.alternatives, accepted, verdict.next_token_id)
             self.state.metrics.round_committed(drafted, accepted)
             self.sizing.observe_verdict(drafted, accepted)
-            committed.extend([*verdict.accepted_token_ids, verdict.next_token_id])
+            dead_end = verdict.constraint_dead_end  # the constraint allows nothing more: the request ends
+            tokens = [*verdict.accepted_token_ids, *([] if dead_end else [verdict.next_token_id])]
+            committed.extend(tokens)
             if self.gate is not None:
-                self.gate.committed(accepted + 1)
-            return self.text.add([*verdict.accepted_token_ids, verdict.next_token_id])
+                self.gate.committed(len(tokens))
+            return self.text.add(tokens, ended=CONSTRAINT_DEAD_END if dead_end else None)

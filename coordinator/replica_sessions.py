@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import grpc
+from google.protobuf.message import Message
 from opentelemetry.context import Context
 
 from coordinator.close_retry import retry_close_later
@@ -20,12 +21,15 @@ from coordinator.generation_state import GenerationState
 from coordinator.replica_errors import replica_error
 from coordinator.replicas import Replica
 from specdec.common.errors import InvalidFieldError, ReplicaUnreachableError, SpecDecError
-from specdec.serving.wire import SAMPLING_RULE_ENUMS, sampling_to_proto
+from specdec.serving.call_stream_client import CallStreamClient
+from specdec.serving.wire import SAMPLING_RULE_ENUMS, constraint_to_proto, sampling_to_proto
 from specdec.v1 import common_pb2, drafter_pb2, verifier_pb2
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 FAILED_DRAFTER_CLOSE_TIMEOUT_S = 2.0
+VERIFIER = verifier_pb2.DESCRIPTOR.services_by_name["Verifier"]
+DRAFTER = drafter_pb2.DESCRIPTOR.services_by_name["Drafter"]
 
 
 class ReplicaSessions:
@@ -45,14 +49,22 @@ class ReplicaSessions:
         self.verify = verify
         self.timeout = call_timeout_s
         self.on_draft_unavailable = on_draft_unavailable  # e.g. take the replica out of placement
+        self._opens: asyncio.Future | None = None  # once opening: -> the opens' outcomes
+        self._streams: dict[str, CallStreamClient] = {}  # by replica address: the session's call streams
 
-    async def open(self) -> None:
-        """Opens the session on both replicas (prefilling the prompt), the drafter's only if speculating."""
+    async def open(self) -> verifier_pb2.OpenVerifySessionResponse:
+        """Opens the session on both replicas (prefilling the prompt), the drafter's only if speculating; returns the
+        verifier's answer, with the first token it drew from its prefill (as plain decoding's first step draws it), as
+        soon as the verifier answers: the client sees it without waiting for the drafter, whose open `drafter_opened`
+        awaits."""
         state, plan = self.state, self.state.plan
         started = time.perf_counter_ns()
         sampling, rule = sampling_to_proto(plan.params), SAMPLING_RULE_ENUMS[plan.params.rule]
+        constraint = constraint_to_proto(plan.constraint)
+        # the first round follows the first token at once when it is plain; a speculative one drafts first
+        first_round_at_once = self.draft is None and plan.max_new_tokens > 1
         with state.telemetry.stage("open_sessions") as parent:
-            calls = [
+            verify_open = asyncio.ensure_future(
                 self._open(
                     self.verify,
                     "verify",
@@ -62,41 +74,60 @@ class ReplicaSessions:
                         prompt_token_ids=plan.prompt_ids,
                         sampling=sampling,
                         sampling_rule=rule,
+                        constraint=constraint,
+                        output_start=plan.output_start,
+                        draw_first_token=True,
+                        next_call=verifier_pb2.NextCallHint(after_any_verdict=first_round_at_once),
                     ),
                 )
-            ]
+            )
+            opens = [verify_open]
             if self.draft is not None:
-                calls.append(
-                    self.without_draft_on_failure(
-                        self._open(
-                            self.draft,
-                            "draft",
-                            parent,
-                            drafter_pb2.OpenDraftSessionRequest(
-                                session_id=plan.request_id,
-                                prompt_token_ids=plan.prompt_ids,
-                                sampling=sampling,
-                                draft_method=plan.draft_method,
-                                num_lanes=len(state.lanes),
-                                sampling_rule=rule,
-                            ),
-                        )
+                draft_request = drafter_pb2.OpenDraftSessionRequest(
+                    session_id=plan.request_id,
+                    prompt_token_ids=plan.prompt_ids,
+                    sampling=sampling,
+                    draft_method=plan.draft_method,
+                    num_lanes=len(state.lanes),
+                    sampling_rule=rule,
+                    constraint=constraint,
+                    output_start=plan.output_start,
+                )
+                opens.append(
+                    asyncio.ensure_future(
+                        self.without_draft_on_failure(self._open(self.draft, "draft", parent, draft_request))
                     )
                 )
-            for outcome in await _settled(asyncio.gather(*calls, return_exceptions=True)):
-                if isinstance(outcome, BaseException):
-                    raise outcome
+            self._opens = asyncio.gather(*opens, return_exceptions=True)
+            try:
+                reply = await asyncio.shield(verify_open)
+            except BaseException:  # failed or cancelled: no close may overtake an open still in flight
+                await asyncio.wait([self._opens])
+                raise
         state.stats.prefill_ns = time.perf_counter_ns() - started
         state.metrics.stage_ns(prefill=state.stats.prefill_ns)
+        return reply
 
-    async def _open(self, replica: Replica, lane: str, parent: Context, request) -> None:
+    async def drafter_opened(self) -> None:
+        """Waits for the drafter's open (a drafter that failed it has turned the request plain); raises what the
+        request itself got wrong there."""
+        for outcome in await _settled(self._opens) if self._opens is not None else []:
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+    async def _open(self, replica: Replica, lane: str, parent: Context, request) -> Message:
         with self.state.telemetry.remote_call(f"{lane}.open_session", parent) as call:
             reply = await self.call(replica, "OpenSession", request)
             call.inside(f"{lane}.prefill", lane, reply.prefill_ns)
+        return reply
 
     async def close(self) -> None:
         """Closes the sessions on both replicas, the drafter's too after a fallback (it may be back, or only
         slow): there with a short deadline, since it already failed once."""
+        if self._opens is not None:
+            await asyncio.wait([self._opens])  # a close must reach each replica after its open
+        for stream in self._streams.values():  # ends the calls still held there (a follow-up no verdict selected)
+            stream.cancel()
         telemetry = self.state.telemetry
         request = common_pb2.CloseSessionRequest(session_id=self.state.plan.request_id)
         replicas = [
@@ -145,10 +176,20 @@ class ReplicaSessions:
                     self.on_draft_unavailable(draft)
             return None
 
+    def _call_stream(self, replica: Replica) -> CallStreamClient:
+        """The session's call stream to `replica`, opened by its first call."""
+        stream = self._streams.get(replica.address)
+        if stream is None:
+            service = VERIFIER if replica is self.verify else DRAFTER
+            stream = self._streams[replica.address] = CallStreamClient(replica.stub.CallStream, service)
+        return stream
+
     async def call(self, replica: Replica, method: str, request):
         """One internal call with a deadline; a failure becomes the error that blames the right party
         (coordinator/replica_errors.py)."""
         try:
+            if self.state.plan.call_streams:
+                return await self._call_stream(replica).call(method, request, self.timeout)
             return await getattr(replica.stub, method)(request, timeout=self.timeout)
         except grpc.aio.AioRpcError as error:
             kind = "verify" if replica is self.verify else "draft"

@@ -13,6 +13,7 @@ from specdec.common.settings import parse_settings
 from specdec.engine.cpu_affinity import pin_cpus
 from specdec.engine.model_loading import load_model
 from specdec.engine.model_process import ModelProcess, serving_model
+from specdec.serving.event_loop import run_service
 from specdec.serving.server import configure_logging, start_server, wait_for_termination
 from specdec.serving.tls import server_credentials
 from specdec.telemetry import start_telemetry
@@ -46,9 +47,8 @@ async def serve(settings: DraftSettings) -> None:
             credentials=server_credentials(settings),
             health_port=settings.health_port,
         )
-        if isinstance(model, ModelProcess):  # gone: its passes fail UNAVAILABLE, health NOT_SERVING
-            loop = asyncio.get_running_loop()
-            model.on_exit(lambda code: asyncio.run_coroutine_threadsafe(running.set_serving(False), loop))
+        if isinstance(model, ModelProcess):  # gone: its passes fail UNAVAILABLE, health NOT_SERVING for good
+            model.on_exit(lambda code: running.end_health_from_thread(f"the model process exited ({code})"))
         print(f"draft service listening on port {running.port}", flush=True)
         await wait_for_termination(running, settings.grace_s)
     finally:
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = parse_settings(DraftSettings, argv, description="Draft service of the speculative-decoding stack.")
     configure_logging(settings.log_level)
     pin_cpus(settings.cpus)
-    asyncio.run(serve(settings))
+    run_service(serve(settings), settings.event_loop)
 
 
 if __name__ == "__main__":

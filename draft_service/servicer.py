@@ -2,18 +2,28 @@
 
 Opens and Propose calls that arrive while a step runs are batched into the next step (specdec/engine/step_batcher.py);
 Propose calls join a running propose step before its next pass (--join-running-step).
+A session's calls may also come as messages on its call stream (CallStream, specdec/serving/call_stream.py), each
+answered by the same method as its unary call.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from contextlib import nullcontext
 
 from draft_service.service import MODEL, NGRAM, DraftService, LaneProposal, ProposeResult
 from specdec.engine.kv.admission import KVAdmission
 from specdec.engine.step_batcher import StepBatcher
+from specdec.serving.call_stream import CallStreamServer, streamed_methods
 from specdec.serving.session_store import expire_idle_sessions
-from specdec.serving.wire import check_token_ids, kv_block_info, probs_to_proto, session_sampling_from_proto
+from specdec.serving.wire import (
+    check_token_ids,
+    constraint_from_proto,
+    kv_block_info,
+    probs_to_proto,
+    session_sampling_from_proto,
+)
 from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 
 METHOD_NAMES = {
@@ -45,6 +55,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             joining_fns=joining,
             thread_cpus=service.settings.model_thread_cpus(),
         )
+        self._calls = CallStreamServer(streamed_methods(self, drafter_pb2.DESCRIPTOR.services_by_name["Drafter"]))
         model = service.model
         wait_s = service.settings.kv_admission_wait_ms / 1000
         self._admission = KVAdmission(model.kv_pool, wait_s) if model is not None and model.packed else None
@@ -67,12 +78,17 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         params = session_sampling_from_proto(request.sampling, request.sampling_rule)
         method = METHOD_NAMES.get(request.draft_method, "unknown")
         lanes = max(request.num_lanes, 1)
+        constraint = constraint_from_proto(request.constraint)
+        if constraint is not None and self.service.constraints is not None:  # off the model thread, as the verifier
+            await asyncio.to_thread(self.service.constraints.compile, constraint)
         holds_kv = self._admission is not None and (method or self.service.settings.default_draft_method) == MODEL
         admitted = (
             self._admission.admitted(self._admission.blocks_needed(len(prompt), lanes)) if holds_kv else nullcontext()
         )
         async with admitted:
-            prefill_ns = await self._batcher.submit("open", request.session_id, prompt, params, method, lanes)
+            prefill_ns = await self._batcher.submit(
+                "open", request.session_id, prompt, params, method, lanes, constraint, request.output_start
+            )
         return drafter_pb2.OpenDraftSessionResponse(session_len=len(prompt), prefill_ns=prefill_ns)
 
     async def Propose(self, request: drafter_pb2.ProposeRequest, context) -> drafter_pb2.ProposeResponse:
@@ -97,6 +113,9 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             request.num_alternatives,
             request.num_lookup_tokens,
         )
+
+    async def CallStream(self, request_iterator, context) -> None:
+        await self._calls.serve(context)
 
     async def CloseSession(self, request: common_pb2.CloseSessionRequest, context) -> common_pb2.CloseSessionResponse:
         return common_pb2.CloseSessionResponse(closed=await self._batcher.run(self.service.close, request.session_id))

@@ -13,6 +13,7 @@ from specdec.common.settings import parse_settings
 from specdec.engine.cpu_affinity import pin_cpus
 from specdec.engine.model_loading import load_model
 from specdec.engine.model_process import ModelProcess, serving_model
+from specdec.serving.event_loop import run_service
 from specdec.serving.server import RunningServer, configure_logging, start_server, wait_for_termination
 from specdec.serving.tls import server_credentials
 from specdec.telemetry import start_telemetry
@@ -46,11 +47,12 @@ async def serve(settings: VerifySettings) -> None:
             credentials=server_credentials(settings),
             health_port=settings.health_port,
         )
-        loop = asyncio.get_running_loop()
         if ranks is not None:
-            ranks.on_failure(lambda reason: asyncio.run_coroutine_threadsafe(_stop_serving(running, servicer), loop))
-        if isinstance(model, ModelProcess):  # gone: its passes fail UNAVAILABLE, health NOT_SERVING
-            model.on_exit(lambda code: asyncio.run_coroutine_threadsafe(running.set_serving(False), loop))
+            ranks.on_failure(
+                lambda reason: asyncio.run_coroutine_threadsafe(_stop_serving(running, servicer, reason), running.loop)
+            )
+        if isinstance(model, ModelProcess):  # gone: its passes fail UNAVAILABLE, health NOT_SERVING for good
+            model.on_exit(lambda code: running.end_health_from_thread(f"the model process exited ({code})"))
         print(f"verify service listening on port {running.port}", flush=True)
         await wait_for_termination(running, settings.grace_s)
     finally:
@@ -62,17 +64,18 @@ async def serve(settings: VerifySettings) -> None:
             model.close()
 
 
-async def _stop_serving(running: RunningServer, servicer: VerifierServicer) -> None:
-    """A rank failed: calls in flight fail UNAVAILABLE, health NOT_SERVING (the process stays up to say so)."""
+async def _stop_serving(running: RunningServer, servicer: VerifierServicer, reason: str) -> None:
+    """A rank failed: calls in flight fail UNAVAILABLE, health NOT_SERVING for good, liveness included (the process
+    stays up to say so; a restart starts the group anew)."""
     servicer.ranks_failed()
-    await running.set_serving(False)
+    await running.health.end(f"tensor parallelism failed: {reason}")
 
 
 def main(argv: list[str] | None = None) -> None:
     settings = parse_settings(VerifySettings, argv, description="Verify service of the speculative-decoding stack.")
     configure_logging(settings.log_level)
     pin_cpus(settings.cpus)
-    asyncio.run(serve(settings))
+    run_service(serve(settings), settings.event_loop)
 
 
 if __name__ == "__main__":

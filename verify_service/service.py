@@ -14,7 +14,9 @@ from specdec.engine.kv.session import KVSession, PlannedForward
 from specdec.engine.model_runtime import LoadedModel
 from specdec.engine.step_batcher import NOT_YET, FollowUpChoice, NotYet, only_result
 from specdec.engine.step_cost import calibrate
+from specdec.sampling.constraints import ConstraintCompiler, ConstraintSpec
 from specdec.sampling.rules import SamplingParams, Verdict
+from specdec.sampling.sequence_rules import SequenceRules, session_rules
 from specdec.serving.session_store import SessionStore
 from specdec.serving.wire import PLAIN_STEP
 from verify_service.settings import VerifySettings
@@ -30,9 +32,31 @@ class TargetSession:
 
     kv: KVSession
     params: SamplingParams
+    rules: SequenceRules | None = None  # penalties, min_p, a constraint
 
     def __len__(self) -> int:
         return len(self.kv)
+
+
+@dataclass(frozen=True)
+class Opened:
+    """An opened session: its prefill step's time, and the first token when the open asked for it."""
+
+    prefill_ns: int
+    first: tuple[Verdict, VerifyTiming, int] | None = None  # as a round's result: verdict, timing, new length
+
+
+@dataclass(frozen=True)
+class OpenCall:
+    """One open of a step: the session, its prompt and settings, its constraint and where its output starts (0: at
+    the prompt's end), and whether to draw its first token."""
+
+    session_id: str
+    prompt_ids: Sequence[int]
+    params: SamplingParams
+    constraint: ConstraintSpec | None = None
+    output_start: int = 0
+    draws_first_token: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,14 +93,27 @@ class VerifyService:
         )
         self.sessions_model = model if ranks is None else ranks.mirrored  # the model every session runs on
         self.step_cost = calibrate(self.sessions_model)  # what a pass costs, for the policy
+        self.constraints = ConstraintCompiler(
+            model.tokenizer, model.vocab_size, model.eos_token_ids, settings.constraint_limits()
+        )
 
-    def open(self, session_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> int:
-        """Opens a session and prefills the prompt, keeping its last row for the first round; returns the prefill time
-        in ns."""
-        return only_result(self.open_many([(session_id, prompt_ids, params)]))
+    def open(
+        self,
+        session_id: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        constraint: ConstraintSpec | None = None,
+        output_start: int = 0,
+        draws_first_token: bool = False,
+    ) -> Opened:
+        """Opens a session and prefills the prompt, keeping its last row for the first round, or drawing the first
+        token from it (draws_first_token): the first token comes with the prefill, as plain decoding draws it. The
+        constraint and the penalties cover the tokens from output_start (0: the prompt's end)."""
+        call = OpenCall(session_id, prompt_ids, params, constraint, output_start, draws_first_token)
+        return only_result(self.open_many([call]))
 
-    def open_many(self, opens: Sequence[tuple[str, Sequence[int], SamplingParams]]) -> list[int | Exception]:
-        """Opens sessions and prefills them in one pass; per open the prefill time in ns, or its error."""
+    def open_many(self, opens: Sequence[OpenCall]) -> list[Opened | Exception]:
+        """Opens sessions and prefills them in one pass; per open what it gives, or its error."""
         return self._step(opens, [])[0]
 
     def verify(
@@ -93,12 +130,13 @@ class VerifyService:
         return self._step([], rounds)[1]
 
     def step_many(self, calls: Sequence[tuple]) -> list:
-        """One model step for the queued calls of distinct sessions, each (session_id, OPEN, prompt_ids, params)
-        or (session_id, VERIFY, base_len, draft_tokens, draft_probs): new sessions' prefills are packed into the
-        rounds' scoring pass, so an arriving request adds its prompt's tokens to a pass instead of a pass of its
-        own that every running session would wait for. Per call what open_many / verify_many return for it."""
+        """One model step for the queued calls of distinct sessions, each (session_id, OPEN, prompt_ids, params[,
+        constraint, output_start, draws_first_token]) or (session_id, VERIFY, base_len, draft_tokens, draft_probs):
+        new sessions' prefills are packed into the rounds' scoring pass, so an arriving request adds its prompt's
+        tokens to a pass instead of a pass of its own that every running session would wait for. Per call what
+        open_many / verify_many return for it."""
         kinds = [kind for _, kind, *_ in calls]
-        opens = [(session_id, *rest) for session_id, kind, *rest in calls if kind == OPEN]
+        opens = [OpenCall(session_id, *rest) for session_id, kind, *rest in calls if kind == OPEN]
         rounds = [(session_id, *rest) for session_id, kind, *rest in calls if kind in ROUND_KINDS]
         if len(opens) + len(rounds) != len(calls):
             raise ValueError(f"step calls must be {OPEN!r} or one of {ROUND_KINDS}, got {sorted(set(kinds))}")
@@ -133,10 +171,12 @@ class VerifyService:
                 return None
             if len(session) <= after_base_len:
                 return NOT_YET
-            if not isinstance(last, tuple):  # the open, not a round, ran last
+            if isinstance(last, Opened):  # the open ran last: its first token is a plain round's verdict
+                last = last.first
+            if not isinstance(last, tuple):  # the open, without a first token, ran last
                 return None
             verdict, _, session_len = last
-            if session_len - verdict.num_accepted - 1 != after_base_len:
+            if verdict.dead_end or session_len - verdict.num_accepted - 1 != after_base_len:
                 return None
             for index, guessed in enumerate(rounds):
                 if (guessed.num_accepted, guessed.next_token) == (verdict.num_accepted, verdict.next_token):
@@ -147,31 +187,15 @@ class VerifyService:
 
     def _step(
         self,
-        opens: Sequence[tuple[str, Sequence[int], SamplingParams]],
+        opens: Sequence[OpenCall],
         rounds: Sequence[tuple[str, int, Sequence[int], torch.Tensor | None]],
         last_rounds: Sequence[bool] = (),
     ) -> tuple[list, list]:
-        """Opens `opens` and runs `rounds` in one packed pass: (per open the step's time in ns or its error,
-        per round (verdict, timing, new length) or its error). last_rounds: per round whether its request ends with
-        it (none does when empty)."""
-        open_results: list[int | Exception | None] = [None] * len(opens)
-        opened: list[int] = []
-        prefills: list[PlannedForward] = []
-        for index, (session_id, prompt_ids, params) in enumerate(opens):
-            try:
-                self.sessions.reserve(session_id)
-                kv = KVSession(self.sessions_model, prompt_ids)
-                self.sessions.add(session_id, TargetSession(kv, params))
-            except Exception as error:  # noqa: BLE001 - that open fails alone
-                open_results[index] = error
-                continue
-            try:
-                if (plan := kv.plan_prefill()) is not None:  # holds the prompt's KV blocks, or KVCacheFullError
-                    prefills.append(plan)
-                opened.append(index)
-            except Exception as error:  # noqa: BLE001
-                self.close(session_id)
-                open_results[index] = error
+        """Opens `opens` and runs `rounds` in one packed pass: (per open an Opened or its error, per round (verdict,
+        timing, new length) or its error). last_rounds: per round whether its request ends with it (none does when
+        empty)."""
+        open_results: list[Opened | Exception | None] = [None] * len(opens)
+        opened, prefills, first_tokens = self._plan_opens(opens, open_results)
         round_results: list[tuple[Verdict, VerifyTiming, int] | Exception | None] = [None] * len(rounds)
         jobs: list[tuple[int, VerifyJob]] = []
         for index, (session_id, base_len, draft_tokens, draft_probs) in enumerate(rounds):
@@ -189,6 +213,7 @@ class VerifyService:
                             draft_probs,
                             session.params,
                             ends_request=bool(last_rounds) and last_rounds[index],
+                            rules=session.rules,
                         ),
                     )
                 )
@@ -196,19 +221,59 @@ class VerifyService:
                 round_results[index] = error
         started = time.perf_counter_ns()
         try:
-            outcomes = verify_rounds([job for _, job in jobs], prefills, self.on_pass)
+            outcomes = verify_rounds([job for _, job in jobs], prefills, self.on_pass, [job for _, job in first_tokens])
         except Exception:
             for index in opened:
-                self.close(opens[index][0])
+                self.close(opens[index].session_id)
             raise
         step_ns = time.perf_counter_ns() - started
         for index in opened:
-            open_results[index] = step_ns
+            open_results[index] = Opened(step_ns)
         for (index, job), outcome in zip(jobs, outcomes):
             round_results[index] = outcome if isinstance(outcome, Exception) else (*outcome, len(job.session))
             if isinstance(outcome, KVCacheFullError):  # a session that cannot grow is ended (its caller is told)
                 self.close(job.session_id)
+        for (index, job), outcome in zip(first_tokens, outcomes[len(jobs) :]):
+            if isinstance(outcome, Exception):  # the open fails with its first token
+                self.close(job.session_id)
+                open_results[index] = outcome
+            else:
+                open_results[index] = Opened(step_ns, (*outcome, len(job.session)))
         return open_results, round_results
+
+    def _plan_opens(
+        self, opens: Sequence[OpenCall], open_results: list
+    ) -> tuple[list[int], list[PlannedForward], list[tuple[int, VerifyJob]]]:
+        """Adds the opens' sessions and plans their prefills; an open that fails gets its error in open_results.
+        Returns the indexes of the opened ones, their prefills, and per open that draws its first token (its index,
+        its plain round on the row its prefill keeps)."""
+        opened: list[int] = []
+        prefills: list[PlannedForward] = []
+        first_tokens: list[tuple[int, VerifyJob]] = []
+        for index, call in enumerate(opens):
+            try:
+                rules = session_rules(
+                    self.constraints, call.params, len(call.prompt_ids), call.constraint, call.output_start
+                )
+                self.sessions.reserve(call.session_id)
+                session = TargetSession(KVSession(self.sessions_model, call.prompt_ids), call.params, rules)
+                self.sessions.add(call.session_id, session)
+            except Exception as error:  # noqa: BLE001 - that open fails alone
+                open_results[index] = error
+                continue
+            try:
+                if (plan := session.kv.plan_prefill()) is not None:  # holds the prompt's KV blocks, or KVCacheFullError
+                    prefills.append(plan)
+                opened.append(index)
+            except Exception as error:  # noqa: BLE001
+                self.close(call.session_id)
+                open_results[index] = error
+                continue
+            if call.draws_first_token:
+                base_len = len(call.prompt_ids)
+                job = VerifyJob(session.kv, call.session_id, base_len, [], None, call.params, rules=rules)
+                first_tokens.append((index, job))
+        return opened, prefills, first_tokens
 
     def close(self, session_id: str) -> bool:
         """Drops a session; under tensor parallelism the ranks drop their copy of its cache with the next step."""

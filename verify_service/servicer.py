@@ -2,6 +2,8 @@
 
 Opens and Verify calls that arrive while a step runs are batched into the next step (specdec/engine/step_batcher.py),
 opens and rounds together: new sessions' prefills share the rounds' pass.
+A session's calls may also come as messages on its call stream (CallStream, specdec/serving/call_stream.py), each
+answered by the same method as its unary call.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from contextlib import nullcontext
 from specdec.common.errors import DownstreamUnavailableError, InvalidFieldError
 from specdec.engine.kv.admission import KVAdmission
 from specdec.engine.step_batcher import StepBatcher
+from specdec.serving.call_stream import CallStreamServer, streamed_methods
 from specdec.serving.session_store import expire_idle_sessions
 from specdec.serving.wire import (
     check_token_ids,
+    constraint_from_proto,
     ends_after,
     follows_at_once,
     kv_block_info,
@@ -23,12 +27,22 @@ from specdec.serving.wire import (
     session_sampling_from_proto,
 )
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
-from verify_service.service import LAST_VERIFY, OPEN, VERIFY, GuessedRound, VerifyService
+from verify_service.service import LAST_VERIFY, OPEN, VERIFY, GuessedRound, Opened, VerifyService
 
 
 def _round_follows(hint: verifier_pb2.NextCallHint) -> Callable[[tuple], bool]:
-    """For the batcher: whether the caller's next round follows a round's result (verdict, timing, length) at once."""
-    return lambda result: follows_at_once(hint, result[0].num_accepted, result[0].next_token)
+    """For the batcher: whether the caller's next round follows a round's result (verdict, timing, length) at once
+    (never after a dead end: the request ends)."""
+    return lambda result: not result[0].dead_end and follows_at_once(hint, result[0].num_accepted, result[0].next_token)
+
+
+def _first_token_follows(hint: verifier_pb2.NextCallHint) -> Callable[[Opened], bool]:
+    """For the batcher: whether the caller's first round follows an open's first token at once."""
+    return lambda opened: (
+        opened.first is not None
+        and not opened.first[0].dead_end
+        and follows_at_once(hint, 0, opened.first[0].next_token)
+    )
 
 
 def _round_kind(request: verifier_pb2.VerifyRequest | verifier_pb2.VerifyNextRequest) -> str:
@@ -39,8 +53,9 @@ def _round_kind(request: verifier_pb2.VerifyRequest | verifier_pb2.VerifyNextReq
 def _verify_response(verdict, timing, session_len: int) -> verifier_pb2.VerifyResponse:
     return verifier_pb2.VerifyResponse(
         accepted_token_ids=verdict.accepted_tokens,
-        next_token_id=verdict.next_token,
+        next_token_id=verdict.next_token if not verdict.dead_end else 0,
         is_bonus=verdict.is_bonus,
+        constraint_dead_end=verdict.dead_end,
         session_len=session_len,
         forward_ns=timing.forward_ns,
         sampling_ns=timing.sampling_ns,
@@ -69,6 +84,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             service.settings.max_batch_wait_ms / 1000,
             thread_cpus=service.settings.model_thread_cpus(),
         )
+        self._calls = CallStreamServer(streamed_methods(self, verifier_pb2.DESCRIPTOR.services_by_name["Verifier"]))
         self._ranks_failed = asyncio.Event()
         model = service.model
         wait_s = service.settings.kv_admission_wait_ms / 1000
@@ -121,10 +137,34 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     ) -> verifier_pb2.OpenVerifySessionResponse:
         prompt = check_token_ids(request.prompt_token_ids, self.service.model.vocab_size, "prompt_token_ids")
         params = session_sampling_from_proto(request.sampling, request.sampling_rule)
+        constraint = constraint_from_proto(request.constraint)
+        if constraint is not None:  # compiled (or found in the cache) off the model thread, which opens with it
+            await asyncio.to_thread(self.service.constraints.compile, constraint)
+        first = request.draw_first_token
+        follows = _first_token_follows(request.next_call) if first and request.HasField("next_call") else None
         admission = self._admission
         async with nullcontext() if admission is None else admission.admitted(admission.blocks_needed(len(prompt))):
-            prefill_ns = await self._run("step", request.session_id, OPEN, prompt, params)
-        return verifier_pb2.OpenVerifySessionResponse(session_len=len(prompt), prefill_ns=prefill_ns)
+            opened = await self._run(
+                "step",
+                request.session_id,
+                OPEN,
+                prompt,
+                params,
+                constraint,
+                request.output_start,
+                first,
+                follows=follows,
+            )
+        if opened.first is None:
+            return verifier_pb2.OpenVerifySessionResponse(session_len=len(prompt), prefill_ns=opened.prefill_ns)
+        verdict, _, session_len = opened.first
+        if verdict.dead_end:  # the constraint allows no first token: the request ends
+            return verifier_pb2.OpenVerifySessionResponse(
+                session_len=session_len, prefill_ns=opened.prefill_ns, constraint_dead_end=True
+            )
+        return verifier_pb2.OpenVerifySessionResponse(
+            session_len=session_len, prefill_ns=opened.prefill_ns, first_token_id=verdict.next_token
+        )
 
     async def Verify(self, request: verifier_pb2.VerifyRequest, context) -> verifier_pb2.VerifyResponse:
         vocab_size = self.service.model.vocab_size
@@ -157,6 +197,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self.service.check_draft_length(drafts, f"{field}.draft_token_ids")
         probs = probs_from_proto(guessed.draft_probs, len(drafts), vocab_size, f"{field}.draft_probs")
         return GuessedRound(guessed.verdict.num_accepted, next_token, drafts, probs)
+
+    async def CallStream(self, request_iterator, context) -> None:
+        await self._calls.serve(context)
 
     async def CloseSession(self, request: common_pb2.CloseSessionRequest, context) -> common_pb2.CloseSessionResponse:
         return common_pb2.CloseSessionResponse(closed=await self._run(self.service.close, request.session_id))

@@ -12,7 +12,8 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import grpc
 from opentelemetry import context as otel_context
@@ -77,6 +78,13 @@ def _final_code(context: grpc.aio.ServicerContext, error: BaseException | None) 
     return grpc.StatusCode.OK
 
 
+@dataclass
+class ObservedCall:
+    """The status a call observed by ServerTelemetryInterceptor.observed ended with."""
+
+    code: grpc.StatusCode = grpc.StatusCode.OK
+
+
 class ServerTelemetryInterceptor(grpc.aio.ServerInterceptor):
     """A SERVER span per RPC in the caller's trace, plus request/error counts and latency by method and status."""
 
@@ -84,15 +92,15 @@ class ServerTelemetryInterceptor(grpc.aio.ServerInterceptor):
         self._tracer = trace.get_tracer(TRACER_NAME, tracer_provider=tracer_provider)
         self._metrics = metrics or rpc_metrics()
 
-    @contextlib.asynccontextmanager
-    async def _observe(self, method: str, request, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+    @contextlib.contextmanager
+    def observed(self, method: str, request, carrier: Mapping[str, str]) -> Iterator[ObservedCall]:
+        """A call's SERVER span (in the trace `carrier` names) and its count and latency, by the status the body
+        sets on the yielded ObservedCall; the span is current meanwhile."""
         started = time.perf_counter()
-        span = None
-        token = None
+        call = ObservedCall()
+        span = token = None
         if not method.startswith(UNTRACED_PREFIXES):
-            parent = propagate.extract(
-                {key: value for key, value in (context.invocation_metadata() or ()) if isinstance(value, str)}
-            )
+            parent = propagate.extract(carrier)
             span = self._tracer.start_span(
                 method.lstrip("/"),
                 context=parent,
@@ -103,21 +111,29 @@ class ServerTelemetryInterceptor(grpc.aio.ServerInterceptor):
                 if hasattr(request, field):
                     span.set_attribute(f"specdec.{field}", getattr(request, field))
             token = otel_context.attach(trace.set_span_in_context(span, parent))
-        error: BaseException | None = None
         try:
-            yield
-        except BaseException as raised:
-            error = raised
-            raise
+            yield call
         finally:
-            code = _final_code(context, error)
-            self._metrics.observe(method, code.name, time.perf_counter() - started)
+            self._metrics.observe(method, call.code.name, time.perf_counter() - started)
             if span is not None:
-                span.set_attribute("rpc.grpc.status_code", code.value[0])
-                if code != grpc.StatusCode.OK:
-                    span.set_status(Status(StatusCode.ERROR, code.name))
+                span.set_attribute("rpc.grpc.status_code", call.code.value[0])
+                if call.code != grpc.StatusCode.OK:
+                    span.set_status(Status(StatusCode.ERROR, call.code.name))
                 span.end()
                 otel_context.detach(token)
+
+    @contextlib.asynccontextmanager
+    async def _observe(self, method: str, request, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+        metadata = {key: value for key, value in (context.invocation_metadata() or ()) if isinstance(value, str)}
+        with self.observed(method, request, metadata) as call:
+            error: BaseException | None = None
+            try:
+                yield
+            except BaseException as raised:
+                error = raised
+                raise
+            finally:
+                call.code = _final_code(context, error)
 
     async def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails):
         handler = await continuation(details)

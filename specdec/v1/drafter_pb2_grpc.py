@@ -61,6 +61,11 @@ class DrafterStub:
                 request_serializer=specdec_dot_v1_dot_common__pb2.InfoRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_common__pb2.ServiceInfo.FromString,
                 _registered_method=True)
+        self.CallStream = channel.stream_stream(
+                '/specdec.v1.Drafter/CallStream',
+                request_serializer=specdec_dot_v1_dot_common__pb2.StreamedCall.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_common__pb2.StreamedReply.FromString,
+                _registered_method=True)
 
 
 class DrafterServicer:
@@ -103,6 +108,15 @@ class DrafterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CallStream(self, request_iterator, context):
+        """A session's calls on one stream: each StreamedCall is a call of one of the unary methods above, answered by a
+        StreamedReply with its call_id, in the order the calls finish. The caller opens it for a session and ends it
+        (half-closes) when the session is done; calls run concurrently, as unary calls would.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DrafterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -130,6 +144,11 @@ def add_DrafterServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=specdec_dot_v1_dot_common__pb2.InfoRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_common__pb2.ServiceInfo.SerializeToString,
+            ),
+            'CallStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.CallStream,
+                    request_deserializer=specdec_dot_v1_dot_common__pb2.StreamedCall.FromString,
+                    response_serializer=specdec_dot_v1_dot_common__pb2.StreamedReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -268,6 +287,33 @@ class Drafter:
             '/specdec.v1.Drafter/Info',
             specdec_dot_v1_dot_common__pb2.InfoRequest.SerializeToString,
             specdec_dot_v1_dot_common__pb2.ServiceInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CallStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/specdec.v1.Drafter/CallStream',
+            specdec_dot_v1_dot_common__pb2.StreamedCall.SerializeToString,
+            specdec_dot_v1_dot_common__pb2.StreamedReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -18,7 +18,7 @@ from specdec.engine.model_runtime import LoadedModel, ModelSettings
 from specdec.local_stack import LocalStack
 from specdec.sampling.rules import SamplingParams, SamplingRule
 from specdec.serving.wire import sampling_to_proto
-from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from specdec.v1 import common_pb2, coordinator_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 
 MAX_NEW = 24
 LANES_GAMMA = 3
@@ -100,7 +100,24 @@ def test_plain_decoding_through_the_verifier(client, models):
     reply = client.generate(prompt, max_new_tokens=MAX_NEW, num_speculative_tokens=0, include_stats=True)
     assert list(reply.token_ids) == target_only_generate(target, prompt, SamplingParams(), MAX_NEW).token_ids
     assert reply.stats.drafted_tokens == 0 and reply.stats.rounds == len(reply.token_ids)
-    assert reply.stats.chained_rounds == reply.stats.rounds - 1  # each next step handed over ahead of its verdict
+    # the first token comes with the open, the second from a Verify; each later step was handed over ahead
+    assert reply.stats.chained_rounds == reply.stats.rounds - 2
+
+
+def test_the_first_chunk_is_the_first_token_drawn_with_the_verifiers_prefill(client, models):
+    """The verifier draws the first token with its prefill and the coordinator streams it at once, before any
+    draft: a speculative stream opens with a chunk of that token alone, as a plain one does; a request for one
+    token ends with it."""
+    target, _ = models
+    prompt = [4, 9, 17]
+    expected = target_only_generate(target, prompt, SamplingParams(), MAX_NEW).token_ids
+    for gamma in (0, 4):
+        chunks = list(client.stream(prompt, max_new_tokens=MAX_NEW, num_speculative_tokens=gamma))
+        assert list(chunks[0].token_ids) == expected[:1]
+        assert [t for c in chunks for t in c.token_ids] == expected
+    one = client.generate(prompt, max_new_tokens=1, num_speculative_tokens=4, include_stats=True)
+    assert list(one.token_ids) == expected[:1] and one.finish_reason == 1  # FINISH_REASON_LENGTH
+    assert (one.stats.rounds, one.stats.drafted_tokens) == (1, 0)  # the first token: a plain round
 
 
 def test_eight_concurrent_requests_each_match_their_reference(client, models):
@@ -406,3 +423,20 @@ def test_guess_lanes_end_right_after_hits_and_misses(stack):
             drafter.CloseSession(common_pb2.CloseSessionRequest(session_id=session_id), timeout=30)
             verifier.CloseSession(common_pb2.CloseSessionRequest(session_id=session_id), timeout=30)
     assert outcomes["hit"] > 0 and outcomes["miss"] > 0, outcomes
+
+
+@pytest.mark.parametrize("gamma", [0, 3])
+def test_a_constraint_the_vocabulary_cannot_meet_ends_at_its_dead_end(client, sequential_address, gamma):
+    """The word vocabulary cannot spell 'x': after 'w1' the regex allows no token, so the request ends there,
+    streamed or not, overlapped or not."""
+    constraint = common_pb2.Constraint(regex="w1x")
+    with Client(sequential_address) as sequential:
+        for caller in (client, sequential):
+            reply = caller.generate([5, 6], max_new_tokens=MAX_NEW, num_speculative_tokens=gamma, constraint=constraint)
+            assert list(reply.token_ids) == [1]
+            assert reply.finish_reason == coordinator_pb2.FINISH_REASON_CONSTRAINT_DEAD_END
+            chunks = list(
+                caller.stream([5, 6], max_new_tokens=MAX_NEW, num_speculative_tokens=gamma, constraint=constraint)
+            )
+            assert [t for c in chunks for t in c.token_ids] == [1]
+            assert chunks[-1].finish_reason == coordinator_pb2.FINISH_REASON_CONSTRAINT_DEAD_END

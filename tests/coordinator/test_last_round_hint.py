@@ -4,7 +4,6 @@ rounds go as Verify calls or are chained ahead of their verdicts (VerifyNext).""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import grpc
 import pytest
@@ -15,7 +14,6 @@ from coordinator.servicer import CoordinatorServicer
 from coordinator.settings import CoordinatorSettings
 from specdec.client import build_request
 from specdec.serving.grpc_errors import ErrorMappingInterceptor
-from specdec.serving.grpc_handlers import wrap_handler
 from specdec.serving.wire import ends_after
 from specdec.v1 import verifier_pb2_grpc
 from verify_service.service import VerifyService
@@ -23,35 +21,40 @@ from verify_service.servicer import VerifierServicer
 from verify_service.settings import VerifySettings
 
 NEW_TOKENS = 6
-ROUND_METHODS = ("/specdec.v1.Verifier/Verify", "/specdec.v1.Verifier/VerifyNext")
 
 
-class RoundHints(grpc.aio.ServerInterceptor):
-    """Records, in arrival order, whether each round call's hint says the request ends with it."""
+class HintRecordingVerifier(VerifierServicer):
+    """A verify servicer that records, in arrival order, whether each round call's hint says the request ends with
+    it, however the call arrives (a unary call or a message of the session's call stream)."""
 
-    def __init__(self):
+    def __init__(self, service: VerifyService):
         self.ends: list[bool] = []
+        super().__init__(service)
 
-    def _record(self, request, context) -> contextlib.nullcontext:
+    async def Verify(self, request, context):
         self.ends.append(ends_after(request.next_call))
-        return contextlib.nullcontext()
+        return await super().Verify(request, context)
 
-    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
-        handler = await continuation(details)
-        return wrap_handler(handler, self._record) if details.method in ROUND_METHODS else handler
+    async def VerifyNext(self, request, context):
+        self.ends.append(ends_after(request.next_call))
+        return await super().VerifyNext(request, context)
 
 
+@pytest.mark.parametrize("call_streams", [False, True])
 @pytest.mark.parametrize("chain_rounds", [False, True])
-def test_only_the_last_round_of_a_plain_request_says_the_request_ends(tiny_pair, tiny_pair_dirs, chain_rounds):
+def test_only_the_last_round_of_a_plain_request_says_the_request_ends(
+    tiny_pair, tiny_pair_dirs, chain_rounds, call_streams
+):
     target_dir, _ = tiny_pair_dirs
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
-    settings = CoordinatorSettings(adaptive_gamma=False, chain_rounds=chain_rounds, max_new_tokens_limit=100)
+    settings = CoordinatorSettings(
+        adaptive_gamma=False, chain_rounds=chain_rounds, call_streams=call_streams, max_new_tokens_limit=100
+    )
     request = build_request([1, 2, 3], max_new_tokens=NEW_TOKENS, num_speculative_tokens=0)
-    hints = RoundHints()
+    verifier = HintRecordingVerifier(VerifyService(VerifySettings(), tiny_pair[0]))
 
     async def scenario() -> int:
-        verifier = VerifierServicer(VerifyService(VerifySettings(), tiny_pair[0]))
-        server = grpc.aio.server(interceptors=[hints, ErrorMappingInterceptor()])
+        server = grpc.aio.server(interceptors=[ErrorMappingInterceptor()])
         verifier_pb2_grpc.add_VerifierServicer_to_server(verifier, server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
@@ -68,4 +71,5 @@ def test_only_the_last_round_of_a_plain_request_says_the_request_ends(tiny_pair,
             verifier.close()
 
     assert asyncio.run(scenario()) == NEW_TOKENS
-    assert hints.ends == [False] * (NEW_TOKENS - 1) + [True]
+    # the first token comes with the open; each later one from a round, the last of which says it ends the request
+    assert verifier.ends == [False] * (NEW_TOKENS - 2) + [True]

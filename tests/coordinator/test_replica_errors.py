@@ -71,7 +71,7 @@ class FailingStub:
 
 def sessions_on(draft_stub, verify_stub) -> tuple[ReplicaSessions, list[str]]:
     """A request's sessions on fake replicas, and the addresses it took out of placement."""
-    plan = GenerationPlan("req", [1, 2, 3], 8, SamplingParams(), 2, 0, overlap=False)
+    plan = GenerationPlan("req", [1, 2, 3], 8, SamplingParams(), 2, 0, overlap=False, call_streams=False)
     state = GenerationState(plan, RequestStats(), RequestTelemetry())
     unhealthy: list[str] = []
     sessions = ReplicaSessions(

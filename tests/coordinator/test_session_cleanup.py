@@ -96,7 +96,7 @@ def test_a_failed_close_is_retried_once_in_the_background(monkeypatch):
     verify, draft = FlakyCloseStub(), FlakyCloseStub()
 
     async def scenario() -> None:
-        plan = GenerationPlan("req-1", [1, 2, 3], 8, SamplingParams(), 2, 0, overlap=False)
+        plan = GenerationPlan("req-1", [1, 2, 3], 8, SamplingParams(), 2, 0, overlap=False, call_streams=False)
         state = GenerationState(plan, RequestStats(), RequestTelemetry())
         sessions = ReplicaSessions(state, Replica("draft:1", None, draft), Replica("verify:1", None, verify), 5)
         await sessions.close()
@@ -131,7 +131,12 @@ def test_a_stream_closed_by_its_consumer_closes_its_sessions_at_once(tiny_pair_d
     aclose() returns, not when the garbage collector finds the abandoned inner generators."""
     target_dir, _ = tiny_pair_dirs
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
-    settings = CoordinatorSettings(overlap=False, adaptive_gamma=False, max_new_tokens_limit=100)
+    settings = CoordinatorSettings(
+        overlap=False,
+        adaptive_gamma=False,
+        max_new_tokens_limit=100,
+        call_streams=False,  # fake replicas: unary calls
+    )
     request = build_request([1, 2, 3], max_new_tokens=100, num_speculative_tokens=0)
 
     async def scenario() -> None:
@@ -184,7 +189,7 @@ def test_a_request_cancelled_while_its_sessions_open_closes_them_after_they_open
     draft, verify = InFlightOpenReplica(), InFlightOpenReplica()
 
     async def scenario() -> None:
-        plan = GenerationPlan("req-1", [1, 2, 3], 8, SamplingParams(), 2, 0, overlap=False)
+        plan = GenerationPlan("req-1", [1, 2, 3], 8, SamplingParams(), 2, 0, overlap=False, call_streams=False)
         state = GenerationState(plan, RequestStats(), RequestTelemetry())
         sessions = ReplicaSessions(state, Replica("draft:1", None, draft), Replica("verify:1", None, verify), 5)
 

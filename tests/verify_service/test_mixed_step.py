@@ -7,7 +7,7 @@ import torch
 
 from specdec.common.errors import InvalidFieldError, StaleBaseLenError
 from specdec.sampling.rules import SamplingParams
-from verify_service.service import LAST_VERIFY, OPEN, VERIFY, VerifyService
+from verify_service.service import LAST_VERIFY, OPEN, VERIFY, Opened, VerifyService
 from verify_service.settings import VerifySettings
 
 GREEDY = SamplingParams()
@@ -47,7 +47,7 @@ def test_opens_ride_along_with_rounds_and_change_nothing(target):
     for session_id in "xy":
         apart.open(session_id, NEW[session_id], GREEDY)
 
-    assert isinstance(results[0], int) and isinstance(results[2], int)  # opens: the step's time in ns
+    assert all(isinstance(results[i], Opened) and results[i].first is None for i in (0, 2))  # no first token asked
     for (verdict, timing, length), (verdict_alone, _, length_alone) in zip((results[1], results[3]), alone):
         assert (verdict, length) == (verdict_alone, length_alone)
         assert timing.batch_rows == 2  # the two rounds share the pass with the prefills
@@ -70,7 +70,7 @@ def test_a_failing_call_fails_alone_in_a_mixed_step(target):
         ]
     )
     assert isinstance(results[0], InvalidFieldError) and results[0].field == "draft_token_ids"
-    assert isinstance(results[1], int) and tokens(service, "c") == PROMPTS["c"]
+    assert isinstance(results[1], Opened) and tokens(service, "c") == PROMPTS["c"]
     assert isinstance(results[2], Exception)
     with pytest.raises(ValueError, match="step calls"):
         service.step_many([("a", "close")])
