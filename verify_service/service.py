@@ -30,6 +30,7 @@ class TargetSession:
 
     kv: KVSession
     params: SamplingParams
+    top_logprobs: int | None = None  # verdicts carry their tokens' log-probabilities with this many alternatives
 
     def __len__(self) -> int:
         return len(self.kv)
@@ -70,13 +71,16 @@ class VerifyService:
         self.sessions_model = model if ranks is None else ranks.mirrored  # the model every session runs on
         self.step_cost = calibrate(self.sessions_model)  # what a pass costs, for the policy
 
-    def open(self, session_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> int:
+    def open(
+        self, session_id: str, prompt_ids: Sequence[int], params: SamplingParams, top_logprobs: int | None = None
+    ) -> int:
         """Opens a session and prefills the prompt, keeping its last row for the first round; returns the prefill time
-        in ns."""
-        return only_result(self.open_many([(session_id, prompt_ids, params)]))
+        in ns. top_logprobs: its verdicts carry log-probabilities with that many alternatives (None: none)."""
+        return only_result(self.open_many([(session_id, prompt_ids, params, top_logprobs)]))
 
-    def open_many(self, opens: Sequence[tuple[str, Sequence[int], SamplingParams]]) -> list[int | Exception]:
-        """Opens sessions and prefills them in one pass; per open the prefill time in ns, or its error."""
+    def open_many(self, opens: Sequence[tuple]) -> list[int | Exception]:
+        """Opens sessions and prefills them in one pass, each (session_id, prompt_ids, params[, top_logprobs]); per
+        open the prefill time in ns, or its error."""
         return self._step(opens, [])[0]
 
     def verify(
@@ -93,10 +97,11 @@ class VerifyService:
         return self._step([], rounds)[1]
 
     def step_many(self, calls: Sequence[tuple]) -> list:
-        """One model step for the queued calls of distinct sessions, each (session_id, OPEN, prompt_ids, params)
-        or (session_id, VERIFY, base_len, draft_tokens, draft_probs): new sessions' prefills are packed into the
-        rounds' scoring pass, so an arriving request adds its prompt's tokens to a pass instead of a pass of its
-        own that every running session would wait for. Per call what open_many / verify_many return for it."""
+        """One model step for the queued calls of distinct sessions, each (session_id, OPEN, prompt_ids, params[,
+        top_logprobs]) or (session_id, VERIFY, base_len, draft_tokens, draft_probs): new sessions' prefills are
+        packed into the rounds' scoring pass, so an arriving request adds its prompt's tokens to a pass instead of a
+        pass of its own that every running session would wait for. Per call what open_many / verify_many return
+        for it."""
         kinds = [kind for _, kind, *_ in calls]
         opens = [(session_id, *rest) for session_id, kind, *rest in calls if kind == OPEN]
         rounds = [(session_id, *rest) for session_id, kind, *rest in calls if kind in ROUND_KINDS]
@@ -147,7 +152,7 @@ class VerifyService:
 
     def _step(
         self,
-        opens: Sequence[tuple[str, Sequence[int], SamplingParams]],
+        opens: Sequence[tuple],
         rounds: Sequence[tuple[str, int, Sequence[int], torch.Tensor | None]],
         last_rounds: Sequence[bool] = (),
     ) -> tuple[list, list]:
@@ -157,11 +162,11 @@ class VerifyService:
         open_results: list[int | Exception | None] = [None] * len(opens)
         opened: list[int] = []
         prefills: list[PlannedForward] = []
-        for index, (session_id, prompt_ids, params) in enumerate(opens):
+        for index, (session_id, prompt_ids, params, *top_logprobs) in enumerate(opens):
             try:
                 self.sessions.reserve(session_id)
                 kv = KVSession(self.sessions_model, prompt_ids)
-                self.sessions.add(session_id, TargetSession(kv, params))
+                self.sessions.add(session_id, TargetSession(kv, params, *top_logprobs))
             except Exception as error:  # noqa: BLE001 - that open fails alone
                 open_results[index] = error
                 continue
@@ -189,6 +194,7 @@ class VerifyService:
                             draft_probs,
                             session.params,
                             ends_request=bool(last_rounds) and last_rounds[index],
+                            top_logprobs=session.top_logprobs,
                         ),
                     )
                 )

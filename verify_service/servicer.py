@@ -16,9 +16,11 @@ from specdec.engine.step_batcher import StepBatcher
 from specdec.serving.session_store import expire_idle_sessions
 from specdec.serving.wire import (
     check_token_ids,
+    checked_top_logprobs,
     ends_after,
     follows_at_once,
     kv_block_info,
+    logprob_to_proto,
     probs_from_proto,
     session_sampling_from_proto,
 )
@@ -46,6 +48,7 @@ def _verify_response(verdict, timing, session_len: int) -> verifier_pb2.VerifyRe
         sampling_ns=timing.sampling_ns,
         batch_rows=timing.batch_rows,
         batch_tokens=timing.batch_tokens,
+        logprobs=[logprob_to_proto(logprob) for logprob in verdict.logprobs],
     )
 
 
@@ -121,9 +124,10 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     ) -> verifier_pb2.OpenVerifySessionResponse:
         prompt = check_token_ids(request.prompt_token_ids, self.service.model.vocab_size, "prompt_token_ids")
         params = session_sampling_from_proto(request.sampling, request.sampling_rule)
+        top_logprobs = checked_top_logprobs(request.logprobs, request.top_logprobs)
         admission = self._admission
         async with nullcontext() if admission is None else admission.admitted(admission.blocks_needed(len(prompt))):
-            prefill_ns = await self._run("step", request.session_id, OPEN, prompt, params)
+            prefill_ns = await self._run("step", request.session_id, OPEN, prompt, params, top_logprobs)
         return verifier_pb2.OpenVerifySessionResponse(session_len=len(prompt), prefill_ns=prefill_ns)
 
     async def Verify(self, request: verifier_pb2.VerifyRequest, context) -> verifier_pb2.VerifyResponse:

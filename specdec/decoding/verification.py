@@ -7,6 +7,7 @@ device once per step; a round that fails (stale base_len, context overflow, non-
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from specdec.engine.kv.session import KVSession, PlannedForward, run_forwards
 from specdec.engine.step_batcher import only_result
 from specdec.sampling.round_judge import DraftRound, judge_rounds
 from specdec.sampling.rules import SamplingParams, Verdict
+from specdec.sampling.token_logprobs import committed_logprobs
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class VerifyJob:
     draft_probs: torch.Tensor | None
     params: SamplingParams
     ends_request: bool = False  # the caller's request ends with this round: no round of the session follows
+    top_logprobs: int | None = None  # the committed tokens' log-probabilities with this many alternatives; None: off
 
 
 PassHook = Callable[[int, int, int], None]  # (forward ns, prompt tokens prefilled, tokens fed for rounds)
@@ -86,6 +89,7 @@ def verify_rounds(
         outcomes = judge_rounds(rounds, all_logits)
     except Exception as error:  # noqa: BLE001 - one that no single round caused fails each of them
         outcomes = [error] * len(rounds)
+    outcomes = _with_logprobs([jobs[i] for i, _ in planned], all_logits, outcomes)
     timing = VerifyTiming(forward_ns, time.perf_counter_ns() - sampling_started, len(planned), batch_tokens)
     for (index, _), outcome in zip(planned, outcomes):
         job = jobs[index]
@@ -97,6 +101,26 @@ def verify_rounds(
         job.session.append([outcome.next_token])
         results[index] = (outcome, timing)
     return results
+
+
+def _with_logprobs(
+    jobs: Sequence[VerifyJob], logits: Sequence[torch.Tensor], outcomes: list[Verdict | Exception]
+) -> list[Verdict | Exception]:
+    """The verdicts of the rounds that ask for log-probabilities with them (one more read of the device, for those
+    rounds together; none when no round asks). Row i of a round's logits is where its i-th committed token was
+    chosen, so accepted, recovered and bonus tokens all get the target's own figures."""
+    asking = [
+        r for r, (job, o) in enumerate(zip(jobs, outcomes)) if job.top_logprobs is not None and isinstance(o, Verdict)
+    ]
+    if not asking:
+        return outcomes
+    found = committed_logprobs(
+        [logits[r] for r in asking], [outcomes[r].tokens for r in asking], [jobs[r].top_logprobs for r in asking]
+    )
+    outcomes = list(outcomes)
+    for r, logprobs in zip(asking, found):
+        outcomes[r] = dataclasses.replace(outcomes[r], logprobs=tuple(logprobs))
+    return outcomes
 
 
 def verify_round(

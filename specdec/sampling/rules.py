@@ -42,6 +42,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdec.sampling.token_logprobs import TokenLogprob
+
 _U64_LIMIT = 2**64
 _KEY_LAYOUT = struct.Struct("<QQQ")  # seed, position, stream
 
@@ -246,6 +248,7 @@ class Verdict:
     accepted_tokens: list[int]  # the accepted prefix of the draft tokens
     next_token: int  # recovered token after a rejection, or bonus token when all were accepted
     is_bonus: bool
+    logprobs: tuple[TokenLogprob, ...] = ()  # of `tokens`, when the session asked for them (else empty)
 
     @property
     def num_accepted(self) -> int:
