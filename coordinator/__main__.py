@@ -11,6 +11,9 @@ from collections.abc import Callable
 from transformers import AutoTokenizer, GenerationConfig
 
 from coordinator.background_tasks import BackgroundTasks
+from coordinator.openai_api.app import FrontConfig, build_app
+from coordinator.openai_api.backends import InProcessBackend
+from coordinator.openai_api.server import HttpServer
 from coordinator.replica_discovery import ReplicaDiscovery
 from coordinator.replica_targets import DnsResolver, ReplicaTargets
 from coordinator.replicas import Replica, ReplicaPool
@@ -135,6 +138,21 @@ def follow_verify_health(running: RunningServer, verify_pool: ReplicaPool) -> No
     verify_pool.on_health_change = lambda: updates.start(update())
 
 
+async def start_http_front(servicer: CoordinatorServicer, settings: CoordinatorSettings) -> HttpServer:
+    """The OpenAI-compatible HTTP API in this process, on the servicer itself: no hop between the two fronts."""
+    config = FrontConfig(
+        settings.model_names(settings.tokenizer),
+        servicer.tokenizer,
+        settings.default_max_tokens,
+        settings.http_request_timeout_s,
+    )
+    http = await HttpServer(
+        build_app(InProcessBackend(servicer), config), settings.http_address, settings, settings.grace_s
+    ).start()
+    log.info("OpenAI-compatible HTTP API on port %d, model %r", http.port, config.model_names[0])
+    return http
+
+
 async def serve(settings: CoordinatorSettings) -> None:
     start_telemetry("coordinator", settings)
     credentials = server_credentials(settings)  # TLS on the client-facing port, if set (fails early on bad files)
@@ -150,8 +168,11 @@ async def serve(settings: CoordinatorSettings) -> None:
     follow_verify_health(running, servicer.verify_pool)
     for discovery in discoveries:  # after the health hook, so replicas joining or leaving move the health too
         discovery.start()
-    print(f"coordinator listening on port {running.port}", flush=True)
+    http = await start_http_front(servicer, settings) if settings.http_address else None
+    print(f"coordinator listening on port {running.port}{f', HTTP on port {http.port}' if http else ''}", flush=True)
     await wait_for_termination(running, settings.grace_s)
+    if http is not None:
+        await http.stop()
     await asyncio.gather(*(discovery.stop() for discovery in discoveries))
     await servicer.guard.close()
 

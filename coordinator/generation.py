@@ -155,4 +155,6 @@ class Generation:
             committed.extend([*verdict.accepted_token_ids, verdict.next_token_id])
             if self.gate is not None:
                 self.gate.committed(accepted + 1)
-            return self.text.add([*verdict.accepted_token_ids, verdict.next_token_id])
+            chunk = self.text.add([*verdict.accepted_token_ids, verdict.next_token_id])
+            chunk.logprobs = verdict.logprobs[: len(chunk.token_ids)]  # the tokens a stop rule kept
+            return chunk

@@ -27,6 +27,7 @@ class GenerationPlan:
     lookup_tokens: int = (
         0  # greedy: lookup tokens a block may try after its drafted ones (specdec/sampling/prompt_lookup.py)
     )
+    top_logprobs: int | None = None  # the tokens' log-probabilities with this many alternatives each; None: none
 
     @property
     def rejection_guesses(self) -> int:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
+from specdec.v1 import common_pb2
+
 REPLACEMENT_CHAR = "\ufffd"
 
 
@@ -17,6 +19,7 @@ class Chunk:
     text: str
     token_ids: list[int]
     finish_reason: str | None = None  # "length", "stop", "eos" on the last chunk
+    logprobs: Sequence[common_pb2.TokenLogprob] = ()  # of token_ids, when the request asked for them
 
 
 @dataclass

@@ -3,7 +3,7 @@
 python -m specdec up                       # three processes (+ a redis-server), embedded pair, one request
 python -m specdec up --keep-running        # ... and keep serving until Ctrl-C
 python -m specdec generate --address HOST:PORT "def fibonacci(n):"
-python -m specdec serve draft|verify|coordinator [service flags]
+python -m specdec serve draft|verify|coordinator|http [service flags]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ SERVICE_MODULES = {
     "draft": "draft_service.__main__",
     "verify": "verify_service.__main__",
     "coordinator": "coordinator.__main__",
+    "http": "coordinator.openai_api.__main__",
 }
 
 
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         sub.add_argument("prompt", nargs="?", default=DEFAULT_PROMPT)
         sub.add_argument("--max-new-tokens", type=int, default=64)
         sub.add_argument("--temperature", type=float, default=0.0)
-    commands.add_parser("serve", help="run one service: serve draft|verify|coordinator [flags]")
+    commands.add_parser("serve", help="run one service: serve draft|verify|coordinator|http [flags]")
     args = parser.parse_args(argv)
     {"up": command_up, "generate": command_generate}[args.command](args)
 

@@ -25,6 +25,8 @@ def build_request(
     request_id: str = "",
     draft_method: int = common_pb2.DRAFT_METHOD_UNSPECIFIED,
     messages: Sequence[Mapping[str, str]] = (),
+    logprobs: bool = False,
+    top_logprobs: int = 0,
 ) -> coordinator_pb2.GenerateRequest:
     """A GenerateRequest from keyword arguments; a str prompt is text, a sequence of ints is token ids, and
     `messages` ({"role": ..., "content": ...} each) is a conversation the server renders with the model's chat
@@ -42,6 +44,8 @@ def build_request(
         request_id=request_id,
         draft_method=draft_method,
         messages=[coordinator_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in messages],
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
     )
     if isinstance(prompt, str):
         request.text = prompt
