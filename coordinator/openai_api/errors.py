@@ -69,7 +69,7 @@ class FrontError(Exception):
         param = None
         if code == grpc.StatusCode.INVALID_ARGUMENT and ": " in message:
             field = message.split(": ", 1)[0]
-            param = renamed.get(field) or OPENAI_PARAMS.get(field) or field.split(".")[-1]
+            param = renamed.get(field) or OPENAI_PARAMS.get(field) or field.removeprefix("sampling.")
             message = f"{param}: {message.split(': ', 1)[1]}"
         return cls(code, message, param)
 

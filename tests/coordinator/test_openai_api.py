@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import shutil
+import socket
 import ssl
 import subprocess
 
@@ -13,6 +14,7 @@ import openai
 import pytest
 
 from coordinator.api_keys import add_key
+from coordinator.openai_api.server import bound_socket
 from coordinator.redis_state import RedisKeys, connect_sync
 from specdec.client import Client
 from specdec.local_stack import start_service
@@ -252,6 +254,21 @@ def test_a_front_in_its_own_process_passes_the_key_on(front, secure_replicas, tm
         assert caught.value.param == "max_tokens"
     finally:
         process.stop()
+
+
+def test_the_front_sends_each_chunk_at_once():
+    """Connections of the front's socket get TCP_NODELAY from asyncio (only a socket of protocol IPPROTO_TCP does):
+    with Nagle's algorithm on, a stream's first chunk waited for the client's delayed ACK of the headers."""
+    listening = bound_socket("127.0.0.1:0")
+    try:
+        client = socket.create_connection(listening.getsockname(), timeout=5)
+        listening.setblocking(True)
+        accepted, _ = listening.accept()
+        assert accepted.proto == socket.IPPROTO_TCP
+        accepted.close()
+        client.close()
+    finally:
+        listening.close()
 
 
 def test_the_http_front_speaks_tls_as_the_grpc_port_does(secure_replicas):
