@@ -53,7 +53,7 @@ class CommonFields(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     seed: StrictInt | None = Field(None, ge=0, lt=2**63)
     stop: StrictStr | list[StrictStr] | None = None
-    n: StrictInt = Field(1, ge=1, le=1)  # one choice per request (ask again for more)
+    n: StrictInt = 1  # one choice per request (ask again for more)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
@@ -67,6 +67,8 @@ class CommonFields(BaseModel):
         for field, value in (self.model_extra or {}).items():
             if field in NO_OP_VALUES and value not in NO_OP_VALUES[field]:
                 raise InvalidFieldError(field, "not supported by this server")
+        if self.n != 1:
+            raise InvalidFieldError("n", f"this server returns one choice per request; send it {self.n} times instead")
         if self.stream_options is not None and not self.stream:
             raise InvalidFieldError("stream_options", "only allowed when stream is true")
         return self

@@ -9,6 +9,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+from dataclasses import dataclass
 
 import openai
 import pytest
@@ -17,7 +18,7 @@ from coordinator.api_keys import add_key
 from coordinator.openai_api.server import bound_socket
 from coordinator.redis_state import RedisKeys, connect_sync
 from specdec.client import Client
-from specdec.local_stack import start_service
+from specdec.local_stack import ServiceProcess, start_service
 from specdec.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(300)
@@ -25,22 +26,32 @@ MODEL = "target"  # the tiny pair's target directory's name
 CHAT = [{"role": "system", "content": "w5 w6"}, {"role": "user", "content": "w7 w8 w9 w10"}]
 
 
+@dataclass
+class Front:
+    """A coordinator with its HTTP API on, keys required: its process, a key, and a key limited to a request a
+    minute."""
+
+    service: ServiceProcess
+    key: str
+    limited_key: str
+
+
 @pytest.fixture(scope="module")
 def front(secure_replicas):
-    """(coordinator process, a valid API key) of a coordinator with its HTTP API on, keys required."""
     with RedisServer() as redis:
         service = secure_replicas.start_coordinator(
             "coordinator-openai", "--http-address", "127.0.0.1:0", "--redis-url", redis.url, "--require-api-key"
         )
         with connect_sync(redis.url) as client:
             key = add_key(client, RedisKeys(), "openai-tests")
-        yield service, key
+            limited_key = add_key(client, RedisKeys(), "openai-one-a-minute", requests_per_minute=1)
+        yield Front(service, key, limited_key)
         service.stop()
 
 
 @pytest.fixture(scope="module")
 def client(front) -> openai.OpenAI:
-    service, key = front
+    service, key = front.service, front.key
     return openai.OpenAI(base_url=f"http://127.0.0.1:{service.http_port}/v1", api_key=key, max_retries=0, timeout=60)
 
 
@@ -117,7 +128,7 @@ def test_logprobs_and_top_logprobs_are_the_targets_in_both_apis(client, front):
     assert "".join(entry.token for entry in content).replace(" ", "") == reply.choices[0].message.content.replace(
         " ", ""
     )
-    service, key = front
+    service, key = front.service, front.key
     with Client(service.address, api_key=key) as grpc_client:
         grpc_reply = grpc_client.generate(
             messages=CHAT, max_new_tokens=10, temperature=0, logprobs=True, top_logprobs=3
@@ -177,7 +188,7 @@ def test_an_unknown_model_is_a_404(client):
 
 
 def test_a_wrong_key_is_a_401(front):
-    service, _ = front
+    service = front.service
     stranger = openai.OpenAI(base_url=f"http://127.0.0.1:{service.http_port}/v1", api_key="sk-no", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as caught:
         stranger.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4)
@@ -185,7 +196,7 @@ def test_a_wrong_key_is_a_401(front):
 
 
 def test_a_missing_key_is_a_401_in_openais_error_shape(front):
-    service, _ = front  # the openai package always sends a key: a bare request leaves it out
+    service = front.service  # the openai package always sends a key: a bare request leaves it out
     connection = http.client.HTTPConnection("127.0.0.1", service.http_port, timeout=30)
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 4}
     connection.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
@@ -195,9 +206,20 @@ def test_a_missing_key_is_a_401_in_openais_error_shape(front):
     assert "missing API key" in error["message"] and error["type"] == "authentication_error"
 
 
+def test_a_rate_limit_is_a_429(front):
+    service = front.service
+    limited = openai.OpenAI(
+        base_url=f"http://127.0.0.1:{service.http_port}/v1", api_key=front.limited_key, max_retries=0
+    )
+    limited.completions.create(model=MODEL, prompt="w1", max_tokens=2)
+    with pytest.raises(openai.RateLimitError) as caught:
+        limited.completions.create(model=MODEL, prompt="w1", max_tokens=2)
+    assert caught.value.status_code == 429 and "retry in" in caught.value.message
+
+
 def test_models_health_and_metrics(client, front):
     assert [model.id for model in client.models.list()] == [MODEL]
-    service, _ = front
+    service = front.service
     connection = http.client.HTTPConnection("127.0.0.1", service.http_port, timeout=30)
     for path, expected in (("/health", b'"ok"'), ("/metrics", b"specdec_generated_tokens_total")):
         connection.request("GET", path)
@@ -207,7 +229,7 @@ def test_models_health_and_metrics(client, front):
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
 def test_curl_streams_a_chat_completion_as_server_sent_events(front):
-    service, key = front
+    service, key = front.service, front.key
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 8, "temperature": 0, "stream": True}
     output = subprocess.run(
         [
@@ -236,7 +258,7 @@ def test_curl_streams_a_chat_completion_as_server_sent_events(front):
 
 
 def test_a_front_in_its_own_process_passes_the_key_on(front, secure_replicas, tmp_path):
-    service, key = front
+    service, key = front.service, front.key
     args = ["--coordinator", service.address, "--tokenizer", secure_replicas.target]
     process = start_service("http-front", "coordinator.openai_api", args, tmp_path)
     try:
@@ -271,15 +293,22 @@ def test_the_front_sends_each_chunk_at_once():
         listening.close()
 
 
-def test_the_http_front_speaks_tls_as_the_grpc_port_does(secure_replicas):
+def test_the_http_front_speaks_tls_and_answers_504_past_its_deadline(secure_replicas):
     pki = secure_replicas.pki
     tls = ["--tls-cert", str(pki.server.cert), "--tls-key", str(pki.server.key)]
-    service = secure_replicas.start_coordinator("coordinator-openai-tls", "--http-address", "127.0.0.1:0", *tls)
+    service = secure_replicas.start_coordinator(
+        "coordinator-openai-tls", "--http-address", "127.0.0.1:0", "--http-request-timeout-s", "0.02", *tls
+    )
     try:
         context = ssl.create_default_context(cafile=str(pki.ca.cert))
         connection = http.client.HTTPSConnection("localhost", service.http_port, context=context, timeout=30)
         connection.request("GET", "/v1/models")
         response = connection.getresponse()
         assert response.status == 200 and json.loads(response.read())["data"][0]["id"] == MODEL
+        body = {"model": MODEL, "prompt": "w1 w2", "max_tokens": 200, "temperature": 0}
+        connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        error = json.loads(response.read())["error"]
+        assert response.status == 504 and error["type"] == "timeout_error" and "deadline" in error["message"]
     finally:
         service.stop()
