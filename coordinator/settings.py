@@ -93,6 +93,14 @@ class CoordinatorSettings(HttpApiSettings, ServerTlsSettings, CpuAffinitySetting
     call_timeout_s: float = setting(30.0, "deadline of each internal call")
     startup_timeout_s: float = setting(300.0, "how long to wait for the replicas to come up")
     grace_s: float = setting(10.0, "seconds in-flight requests get to finish after SIGTERM")
+    max_connection_age_s: float = setting(
+        0.0,
+        "a client's connection is asked to close (HTTP/2 GOAWAY) after this long, so clients reconnect and "
+        "resolve the coordinators again: replicas an autoscaler added get traffic (0 = never)",
+    )
+    max_connection_age_grace_s: float = setting(
+        600.0, "calls still running on a connection asked to close get this long before they are cancelled"
+    )
     # Redis: API keys, rate limits, the request journal, the session registry (coordinator/request_guard.py).
     redis_url: str = setting(
         "",

@@ -72,6 +72,12 @@ class VerifySettings(
     tp_ray_placement_strategy: str = setting(
         "PACK", "placement-group strategy: PACK, STRICT_PACK, SPREAD or STRICT_SPREAD"
     )
+    tp_ray_rank0_resource: str = setting(
+        "specdec_rank0",
+        "Ray custom resource that only the Ray node this process runs in offers (KubeRay: the head group's "
+        "`resources`); bundle 0, the GPU rank 0 uses, asks for it, so it is reserved on this node ('' = no pin; "
+        "a local Ray instance offers it itself)",
+    )
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
