@@ -25,7 +25,7 @@ import time
 
 from load_tests.plots import plot_report
 from load_tests.prompts import PROMPT_SETS
-from load_tests.report import summary_text, write_csv, write_json
+from load_tests.report import baseline_headline, summary_text, write_csv, write_json
 from load_tests.sweep import APIS, MODES, Endpoint, Sweep, SweepConfig
 from specdec.engine.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
 from specdec.local_stack import REPO_ROOT, LocalStack
@@ -153,6 +153,18 @@ def parser() -> argparse.ArgumentParser:
         help="γ of the speculative mode [the server's default]",
     )
     load.add_argument("--temperature", type=float, default=0.0)
+    baseline.add_argument(
+        "--throughput-floor",
+        type=float,
+        default=None,
+        help="with a baseline: the report's headline says if each stack/baseline throughput ratio is at least this",
+    )
+    baseline.add_argument(
+        "--latency-ceiling",
+        type=float,
+        default=1.05,
+        help="with --throughput-floor: ... and every median e2e latency ratio at most this [1.05]",
+    )
     load.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     load.add_argument("--seed", type=int, default=0, help="prompt choice, request seeds and arrivals")
     load.add_argument("--request-timeout-s", type=float, default=300.0)
@@ -247,6 +259,9 @@ def run(args: argparse.Namespace, address: Endpoint, baseline_address: Endpoint 
     report = asyncio.run(
         Sweep(address, config, log=lambda line: print(line, flush=True), baseline_address=baseline_address).run()
     )
+    if args.throughput_floor is not None:
+        report["headline"] = baseline_headline(report, args.throughput_floor, args.latency_ceiling)
+        print(f"headline: {report['headline']}")
     paths = write_outputs(report, args.out)
     print(summary_text(report))
     print(f"sweep took {time.perf_counter() - started:.0f}s; wrote {', '.join(str(p) for p in paths)}")
