@@ -8,12 +8,13 @@ from coordinator.openai_api.settings import HttpApiSettings
 from specdec.common.settings import setting
 from specdec.engine.cpu_affinity import CpuAffinitySettings
 from specdec.engine.embedded_pair import DEMO_TARGET_DIR
+from specdec.sampling.constraints import ConstraintSettings
 from specdec.sampling.rules import SamplingRule
 from specdec.serving.tls import ServerTlsSettings
 
 
 @dataclass(frozen=True)
-class CoordinatorSettings(HttpApiSettings, ServerTlsSettings, CpuAffinitySettings):
+class CoordinatorSettings(HttpApiSettings, ServerTlsSettings, CpuAffinitySettings, ConstraintSettings):
     """Everything the coordinator reads at start-up (tls_cert/tls_key/tls_client_ca: the client-facing ports)."""
 
     address: str = setting("[::]:50051", "host:port of the client-facing gRPC API (port 0 picks a free port)")

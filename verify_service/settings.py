@@ -10,6 +10,7 @@ from specdec.engine.embedded_pair import DEMO_TARGET_DIR
 from specdec.engine.execution_settings import ExecutionSettings
 from specdec.engine.kv.admission import KVCacheSettings
 from specdec.engine.step_batcher import StepBatchingSettings
+from specdec.sampling.constraints import ConstraintSettings
 from specdec.serving.session_store import SessionExpirySettings
 from specdec.serving.tls import ServerTlsSettings
 
@@ -25,6 +26,7 @@ class VerifySettings(
     CpuAffinitySettings,
     KVCacheSettings,
     ExecutionSettings,
+    ConstraintSettings,
 ):
     """Everything the verify service reads at start-up (tls_*: TLS, or mutual TLS with tls_client_ca, on its port)."""
 

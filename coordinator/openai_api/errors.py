@@ -37,6 +37,8 @@ OPENAI_PARAMS = {
     "sampling.seed": "seed",
     "text": "prompt",
     "token_ids.ids": "prompt",
+    "constraint.json_schema": "response_format",
+    "constraint.json_object": "response_format",
 }
 
 

@@ -3,8 +3,8 @@ that belong to the API's shape (ranges of the coordinator's own fields are the c
 
 Unknown fields are ignored, as OpenAI and vLLM do; fields whose behaviour the stack does not have (penalties, logit
 bias, tools, n > 1, ...) are refused when set to anything but their no-op value (InvalidFieldError naming it), so
-no request silently gets less than it asked for. `top_k`, `num_speculative_tokens` and `draft_method` are extra
-body fields, as vLLM takes its extras (`extra_body=` in the openai client).
+no request silently gets less than it asked for. `top_k`, `min_p`, `repetition_penalty`, `num_speculative_tokens`
+and `draft_method` are extra body fields, as vLLM takes its extras (`extra_body=` in the openai client).
 """
 
 from __future__ import annotations
@@ -17,14 +17,11 @@ from specdec.common.errors import InvalidFieldError
 from specdec.sampling.token_logprobs import MAX_TOP_LOGPROBS
 
 NO_OP_VALUES: dict[str, tuple] = {  # a field the stack cannot honour, and the values that ask nothing of it
-    "frequency_penalty": (None, 0, 0.0),
-    "presence_penalty": (None, 0, 0.0),
     "logit_bias": (None, {}),
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}),
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
@@ -39,6 +36,30 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     include_usage: StrictBool = False
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: StrictStr = ""
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """`{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema", "json_schema": {"schema": ...}}`:
+    the output is held to it by the coordinator's constraint (GenerateRequest.constraint)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise InvalidFieldError("response_format", "type json_schema needs json_schema.schema")
+        return self
 
 
 class CommonFields(BaseModel):
@@ -57,7 +78,12 @@ class CommonFields(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    response_format: ResponseFormat | None = None
     # extra body fields, as vLLM takes them
+    repetition_penalty: float | None = None
+    min_p: float | None = None
     top_k: StrictInt | None = Field(None, ge=-1)  # -1 or 0: off
     num_speculative_tokens: StrictInt | None = Field(None, ge=0)
     draft_method: Literal["model", "ngram"] | None = None

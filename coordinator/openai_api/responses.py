@@ -15,6 +15,7 @@ FINISH_REASONS = {  # the OpenAI API knows no "eos": the model stopped by itself
     coordinator_pb2.FINISH_REASON_STOP: "stop",
     coordinator_pb2.FINISH_REASON_EOS: "stop",
     coordinator_pb2.FINISH_REASON_LENGTH: "length",
+    coordinator_pb2.FINISH_REASON_CONSTRAINT_DEAD_END: "stop",  # the response_format allows nothing more
 }
 
 

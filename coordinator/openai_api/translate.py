@@ -3,6 +3,8 @@ OpenAI API's defaults where a field is left out (temperature 1; text completions
 
 from __future__ import annotations
 
+import json
+
 from coordinator.openai_api.protocol import ChatCompletionRequest, CommonFields, CompletionRequest
 from specdec.v1 import common_pb2, coordinator_pb2
 
@@ -18,6 +20,9 @@ def _common(body: CommonFields, max_tokens: int) -> coordinator_pb2.GenerateRequ
         sampling.top_k = body.top_k
     if body.seed is not None:
         sampling.seed = body.seed
+    for name in ("frequency_penalty", "presence_penalty", "repetition_penalty", "min_p"):  # ranges: the coordinator's
+        if getattr(body, name) is not None:
+            setattr(sampling, name, getattr(body, name))
     request = coordinator_pb2.GenerateRequest(
         max_new_tokens=max_tokens,
         sampling=sampling,
@@ -27,6 +32,10 @@ def _common(body: CommonFields, max_tokens: int) -> coordinator_pb2.GenerateRequ
     )
     if body.num_speculative_tokens is not None:
         request.num_speculative_tokens = body.num_speculative_tokens
+    if body.response_format is not None and body.response_format.type == "json_object":
+        request.constraint.json_object = True
+    elif body.response_format is not None and body.response_format.type == "json_schema":
+        request.constraint.json_schema = json.dumps(body.response_format.json_schema.schema_)
     return request
 
 

@@ -24,7 +24,7 @@ def service(tiny_pair):
 
 def plain_decode(service: VerifyService, session_id: str, params: SamplingParams = GREEDY):
     """NEW_TOKENS plain steps (the first from the prefill's last row): the tokens and their logprobs."""
-    service.open(session_id, PROMPT, params, TOP)
+    service.open(session_id, PROMPT, params, top_logprobs=TOP)
     tokens, logprobs = [], []
     for _ in range(NEW_TOKENS):
         verdict, _, _ = service.verify(session_id, len(PROMPT) + len(tokens), [], None)
@@ -37,7 +37,7 @@ def plain_decode(service: VerifyService, session_id: str, params: SamplingParams
 def speculative_decode(service: VerifyService, greedy_tokens: list[int]):
     """The same greedy tokens through blocks of 3 drafted tokens: all accepted (with a bonus) and, every other
     round, a wrong last token (a rejection and a recovered token)."""
-    service.open("spec", PROMPT, GREEDY, TOP)
+    service.open("spec", PROMPT, GREEDY, top_logprobs=TOP)
     tokens, logprobs, kinds = [], [], set()
     while len(tokens) < NEW_TOKENS:
         draft = list(greedy_tokens[len(tokens) : len(tokens) + 3])
@@ -93,7 +93,7 @@ def test_sessions_that_do_not_ask_get_none(service):
 
 
 def test_top_zero_gives_the_token_alone(service):
-    service.open("bare", PROMPT, GREEDY, 0)
+    service.open("bare", PROMPT, GREEDY, top_logprobs=0)
     verdict, _, _ = service.verify("bare", len(PROMPT), [], None)
     service.close("bare")
     [logprob] = verdict.logprobs
