@@ -1,10 +1,10 @@
 """Log-probabilities of committed tokens under the target: the log-softmax of its raw logits (docs/architecture.md,
 "Log-probabilities").
 
-They describe the target's own distribution before temperature, top-k and top-p, as vLLM's default
-`raw_logprobs` mode does, so a token's figure depends on the prompt and the tokens before it alone: the same
-whether it was drafted and accepted, recovered, drawn as a bonus or decoded plainly, and defined under greedy
-decoding too (where the processed distribution is one-hot).
+They describe the target's own distribution before penalties, a constraint's mask, min_p, temperature, top-k and
+top-p, as vLLM's default `raw_logprobs` mode does, so a token's figure depends on the prompt and the tokens before
+it alone: the same whether it was drafted and accepted, recovered, drawn as a bonus or decoded plainly, and defined
+under greedy decoding too (where the processed distribution is one-hot).
 """
 
 from __future__ import annotations
