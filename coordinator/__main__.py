@@ -25,6 +25,7 @@ from coordinator.servicer import CoordinatorServicer
 from coordinator.settings import CoordinatorSettings
 from specdec.common.settings import parse_settings
 from specdec.engine.cpu_affinity import pin_cpus
+from specdec.engine.gguf_checkpoint import resolve_model
 from specdec.engine.model_runtime import VocabularyIdentity, check_same_vocabulary, tokenizer_sha256
 from specdec.serving.grpc_options import connection_age_options
 from specdec.serving.server import RunningServer, configure_logging, start_server, wait_for_termination
@@ -87,7 +88,8 @@ async def build_servicer(
     replica_credentials: TLS to the replicas (None: plaintext)."""
     if not 0 <= settings.predraft_guesses <= MAX_RANKED_ALTERNATIVES:
         raise ValueError(f"predraft_guesses must be in [0, {MAX_RANKED_ALTERNATIVES}], got {settings.predraft_guesses}")
-    tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer)
+    tokenizer_source = resolve_model(settings.tokenizer, settings.gguf_file)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
     security = dict(credentials=replica_credentials, options=server_name_options(settings.replica_tls_server_name))
     resolver = DnsResolver(settings.dns_nameserver)
     draft_targets = ReplicaTargets("draft", settings.draft_replicas, resolver)
@@ -106,7 +108,7 @@ async def build_servicer(
     servicer = CoordinatorServicer(
         settings,
         tokenizer,
-        eos_token_ids(settings.tokenizer, tokenizer),
+        eos_token_ids(tokenizer_source, tokenizer),
         vocab_size,
         draft_pool,
         verify_pool,

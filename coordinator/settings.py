@@ -37,7 +37,8 @@ class CoordinatorSettings(HttpApiSettings, ServerTlsSettings, CpuAffinitySetting
     dns_nameserver: str = setting(
         "", "HOST:PORT of a DNS server to ask for dns:/// entries (empty: the system's resolver, /etc/hosts first)"
     )
-    tokenizer: str = setting(str(DEMO_TARGET_DIR), "tokenizer directory or hub id (the target's)")
+    tokenizer: str = setting(str(DEMO_TARGET_DIR), "tokenizer directory, hub id or GGUF file (the target's)")
+    gguf_file: str = setting("", "a GGUF file inside the --tokenizer directory to take the tokenizer from")
     default_num_speculative_tokens: int = setting(4, "γ for requests that do not set num_speculative_tokens")
     max_num_speculative_tokens: int = setting(16, "largest γ a request may ask for")
     max_new_tokens_limit: int = setting(1024, "largest max_new_tokens a request may ask for")

@@ -31,7 +31,8 @@ class VerifySettings(
     """Everything the verify service reads at start-up (tls_*: TLS, or mutual TLS with tls_client_ca, on its port)."""
 
     address: str = setting("[::]:50062", "host:port to serve gRPC on (port 0 picks a free port)")
-    model: str = setting(str(DEMO_TARGET_DIR), "target model directory or hub id")
+    model: str = setting(str(DEMO_TARGET_DIR), "target model directory, hub id or GGUF file")
+    gguf_file: str = setting("", "a GGUF file in the --model directory to load (dequantized once, cached beside it)")
     device: str = setting("cpu", "device for the target model: cpu or cuda:N (rank r uses cuda:r under TP)")
     dtype: str = setting("float32", "weight dtype: float32, bfloat16 or float16")
     threads: int = setting(1, "CPU threads per rank (0 = torch default)")
