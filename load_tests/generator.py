@@ -104,12 +104,12 @@ async def timed_request(
     return result
 
 
-def completions_body(request: coordinator_pb2.GenerateRequest, model: str) -> dict:
-    """The streamed text completion that asks the HTTP API what `request` asks the gRPC API."""
+def completions_body(request: coordinator_pb2.GenerateRequest, model: str) -> tuple[str, dict]:
+    """The streamed completion that asks the HTTP API what `request` asks the gRPC API: (its path, its body), a chat
+    completion for a request of messages, a text completion otherwise."""
     sampling = request.sampling
     body = {
         "model": model,
-        "prompt": request.text,
         "max_tokens": request.max_new_tokens,
         "temperature": sampling.temperature,
         "stop": list(request.stop),
@@ -123,7 +123,11 @@ def completions_body(request: coordinator_pb2.GenerateRequest, model: str) -> di
         body["top_k"] = sampling.top_k
     if request.HasField("num_speculative_tokens"):
         body["num_speculative_tokens"] = request.num_speculative_tokens
-    return body
+    if request.messages:
+        body["messages"] = [{"role": message.role, "content": message.content} for message in request.messages]
+        return "/v1/chat/completions", body
+    body["prompt"] = request.text
+    return "/v1/completions", body
 
 
 async def timed_http_request(

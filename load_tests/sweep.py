@@ -264,10 +264,10 @@ class Sweep:
             session = await resources.enter_async_context(
                 aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
             )
-            url = f"http://{endpoint.http_address}/v1/completions"
 
             async def sender(request, index: int, level_start: float) -> RequestResult:
-                body = completions_body(request, info.target_model_id)
+                path, body = completions_body(request, info.target_model_id)
+                url = f"http://{endpoint.http_address}{path}"
                 return await timed_http_request(session, url, body, index, level_start, timeout_s)
 
         else:
