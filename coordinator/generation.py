@@ -135,7 +135,9 @@ class Generation:
         """The first token, drawn by the verifier from its prefill, committed as the verdict of a plain round (none
         where the constraint allows none: the request ends)."""
         verdict = verifier_pb2.VerifyResponse(
-            next_token_id=opened.first_token_id, constraint_dead_end=opened.constraint_dead_end
+            next_token_id=opened.first_token_id,
+            constraint_dead_end=opened.constraint_dead_end,
+            logprobs=[opened.first_token_logprob] if opened.HasField("first_token_logprob") else [],
         )
         with self.telemetry.round() as round_span:
             return self._commit(DraftBlock([], None), verdict, round_span)
@@ -173,4 +175,6 @@ class Generation:
             committed.extend(tokens)
             if self.gate is not None:
                 self.gate.committed(len(tokens))
-            return self.text.add(tokens, ended=CONSTRAINT_DEAD_END if dead_end else None)
+            chunk = self.text.add(tokens, ended=CONSTRAINT_DEAD_END if dead_end else None)
+            chunk.logprobs = verdict.logprobs[: len(chunk.token_ids)]  # the tokens a stop rule kept
+            return chunk

@@ -74,6 +74,8 @@ class ReplicaSessions:
                         prompt_token_ids=plan.prompt_ids,
                         sampling=sampling,
                         sampling_rule=rule,
+                        logprobs=plan.top_logprobs is not None,
+                        top_logprobs=plan.top_logprobs or 0,
                         constraint=constraint,
                         output_start=plan.output_start,
                         draw_first_token=True,

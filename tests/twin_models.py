@@ -12,4 +12,4 @@ TWIN = "sim:llama8b-h100:8192"
 
 def load_twin(role: str, device: str = TWIN, acceptance: float = 0.75, seed: int = 0, **settings) -> SimulatedModel:
     """The twin's `role` ("target" or "draft") on `device`, the draft calibrated to `acceptance`."""
-    return load_simulated(ModelSettings(role, device, threads=1, **settings), role, acceptance, seed)
+    return load_simulated(ModelSettings(role, device=device, threads=1, **settings), role, acceptance, seed)

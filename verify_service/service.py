@@ -33,6 +33,7 @@ class TargetSession:
     kv: KVSession
     params: SamplingParams
     rules: SequenceRules | None = None  # penalties, min_p, a constraint
+    top_logprobs: int | None = None  # verdicts carry their tokens' log-probabilities with this many alternatives
 
     def __len__(self) -> int:
         return len(self.kv)
@@ -57,6 +58,7 @@ class OpenCall:
     constraint: ConstraintSpec | None = None
     output_start: int = 0
     draws_first_token: bool = False
+    top_logprobs: int | None = None  # its verdicts carry log-probabilities with this many alternatives; None: off
 
 
 @dataclass(frozen=True)
@@ -105,11 +107,13 @@ class VerifyService:
         constraint: ConstraintSpec | None = None,
         output_start: int = 0,
         draws_first_token: bool = False,
+        top_logprobs: int | None = None,
     ) -> Opened:
         """Opens a session and prefills the prompt, keeping its last row for the first round, or drawing the first
         token from it (draws_first_token): the first token comes with the prefill, as plain decoding draws it. The
-        constraint and the penalties cover the tokens from output_start (0: the prompt's end)."""
-        call = OpenCall(session_id, prompt_ids, params, constraint, output_start, draws_first_token)
+        constraint and the penalties cover the tokens from output_start (0: the prompt's end); with top_logprobs its
+        verdicts carry log-probabilities with that many alternatives."""
+        call = OpenCall(session_id, prompt_ids, params, constraint, output_start, draws_first_token, top_logprobs)
         return only_result(self.open_many([call]))
 
     def open_many(self, opens: Sequence[OpenCall]) -> list[Opened | Exception]:
@@ -131,10 +135,10 @@ class VerifyService:
 
     def step_many(self, calls: Sequence[tuple]) -> list:
         """One model step for the queued calls of distinct sessions, each (session_id, OPEN, prompt_ids, params[,
-        constraint, output_start, draws_first_token]) or (session_id, VERIFY, base_len, draft_tokens, draft_probs):
-        new sessions' prefills are packed into the rounds' scoring pass, so an arriving request adds its prompt's
-        tokens to a pass instead of a pass of its own that every running session would wait for. Per call what
-        open_many / verify_many return for it."""
+        constraint, output_start, draws_first_token, top_logprobs]) or (session_id, VERIFY, base_len, draft_tokens,
+        draft_probs): new sessions' prefills are packed into the rounds' scoring pass, so an arriving request adds its
+        prompt's tokens to a pass instead of a pass of its own that every running session would wait for. Per call
+        what open_many / verify_many return for it."""
         kinds = [kind for _, kind, *_ in calls]
         opens = [OpenCall(session_id, *rest) for session_id, kind, *rest in calls if kind == OPEN]
         rounds = [(session_id, *rest) for session_id, kind, *rest in calls if kind in ROUND_KINDS]
@@ -214,6 +218,7 @@ class VerifyService:
                             session.params,
                             ends_request=bool(last_rounds) and last_rounds[index],
                             rules=session.rules,
+                            top_logprobs=session.top_logprobs,
                         ),
                     )
                 )
@@ -256,7 +261,8 @@ class VerifyService:
                     self.constraints, call.params, len(call.prompt_ids), call.constraint, call.output_start
                 )
                 self.sessions.reserve(call.session_id)
-                session = TargetSession(KVSession(self.sessions_model, call.prompt_ids), call.params, rules)
+                kv = KVSession(self.sessions_model, call.prompt_ids)
+                session = TargetSession(kv, call.params, rules, call.top_logprobs)
                 self.sessions.add(call.session_id, session)
             except Exception as error:  # noqa: BLE001 - that open fails alone
                 open_results[index] = error
@@ -271,7 +277,16 @@ class VerifyService:
                 continue
             if call.draws_first_token:
                 base_len = len(call.prompt_ids)
-                job = VerifyJob(session.kv, call.session_id, base_len, [], None, call.params, rules=rules)
+                job = VerifyJob(
+                    session.kv,
+                    call.session_id,
+                    base_len,
+                    [],
+                    None,
+                    call.params,
+                    rules=rules,
+                    top_logprobs=call.top_logprobs,
+                )
                 first_tokens.append((index, job))
         return opened, prefills, first_tokens
 

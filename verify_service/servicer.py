@@ -19,10 +19,12 @@ from specdec.serving.call_stream import CallStreamServer, streamed_methods
 from specdec.serving.session_store import expire_idle_sessions
 from specdec.serving.wire import (
     check_token_ids,
+    checked_top_logprobs,
     constraint_from_proto,
     ends_after,
     follows_at_once,
     kv_block_info,
+    logprob_to_proto,
     probs_from_proto,
     session_sampling_from_proto,
 )
@@ -61,6 +63,7 @@ def _verify_response(verdict, timing, session_len: int) -> verifier_pb2.VerifyRe
         sampling_ns=timing.sampling_ns,
         batch_rows=timing.batch_rows,
         batch_tokens=timing.batch_tokens,
+        logprobs=[logprob_to_proto(logprob) for logprob in verdict.logprobs],
     )
 
 
@@ -137,6 +140,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     ) -> verifier_pb2.OpenVerifySessionResponse:
         prompt = check_token_ids(request.prompt_token_ids, self.service.model.vocab_size, "prompt_token_ids")
         params = session_sampling_from_proto(request.sampling, request.sampling_rule)
+        top_logprobs = checked_top_logprobs(request.logprobs, request.top_logprobs)
         constraint = constraint_from_proto(request.constraint)
         if constraint is not None:  # compiled (or found in the cache) off the model thread, which opens with it
             await asyncio.to_thread(self.service.constraints.compile, constraint)
@@ -153,6 +157,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                 constraint,
                 request.output_start,
                 first,
+                top_logprobs,
                 follows=follows,
             )
         if opened.first is None:
@@ -163,7 +168,10 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                 session_len=session_len, prefill_ns=opened.prefill_ns, constraint_dead_end=True
             )
         return verifier_pb2.OpenVerifySessionResponse(
-            session_len=session_len, prefill_ns=opened.prefill_ns, first_token_id=verdict.next_token
+            session_len=session_len,
+            prefill_ns=opened.prefill_ns,
+            first_token_id=verdict.next_token,
+            first_token_logprob=logprob_to_proto(verdict.logprobs[0]) if verdict.logprobs else None,
         )
 
     async def Verify(self, request: verifier_pb2.VerifyRequest, context) -> verifier_pb2.VerifyResponse:

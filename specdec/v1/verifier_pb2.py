@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19specdec/v1/verifier.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\xb0\x02\n\x18OpenVerifySessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12/\n\rsampling_rule\x18\x04 \x01(\x0e\x32\x18.specdec.v1.SamplingRule\x12*\n\nconstraint\x18( \x01(\x0b\x32\x16.specdec.v1.Constraint\x12\x14\n\x0coutput_start\x18) \x01(\r\x12\x18\n\x10\x64raw_first_token\x18\x46 \x01(\x08\x12+\n\tnext_call\x18G \x01(\x0b\x32\x18.specdec.v1.NextCallHint\"\x91\x01\n\x19OpenVerifySessionResponse\x12\x13\n\x0bsession_len\x18\x01 \x01(\r\x12\x12\n\nprefill_ns\x18\x02 \x01(\x04\x12\x1b\n\x0e\x66irst_token_id\x18\x46 \x01(\x05H\x00\x88\x01\x01\x12\x1b\n\x13\x63onstraint_dead_end\x18G \x01(\x08\x42\x11\n\x0f_first_token_id\"\xaf\x01\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61se_len\x18\x02 \x01(\r\x12\x17\n\x0f\x64raft_token_ids\x18\x03 \x03(\x05\x12\x32\n\x0b\x64raft_probs\x18\x04 \x01(\x0b\x32\x1d.specdec.v1.ProbabilityMatrix\x12+\n\tnext_call\x18\x05 \x01(\x0b\x32\x18.specdec.v1.NextCallHint\"]\n\x0cNextCallHint\x12\x19\n\x11\x61\x66ter_any_verdict\x18\x01 \x01(\x08\x12\x32\n\x0e\x61\x66ter_verdicts\x18\x02 \x03(\x0b\x32\x1a.specdec.v1.GuessedVerdict\"T\n\x0eGuessedVerdict\x12\x14\n\x0cnum_accepted\x18\x01 \x01(\r\x12\x1a\n\rnext_token_id\x18\x02 \x01(\x05H\x00\x88\x01\x01\x42\x10\n\x0e_next_token_id\"\xaf\x01\n\x11VerifyNextRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_base_len\x18\x02 \x01(\r\x12(\n\x06rounds\x18\x03 \x03(\x0b\x32\x18.specdec.v1.GuessedRound\x12\x17\n\x0fplain_otherwise\x18\x04 \x01(\x08\x12+\n\tnext_call\x18\x05 \x01(\x0b\x32\x18.specdec.v1.NextCallHint\"\x88\x01\n\x0cGuessedRound\x12+\n\x07verdict\x18\x01 \x01(\x0b\x32\x1a.specdec.v1.GuessedVerdict\x12\x17\n\x0f\x64raft_token_ids\x18\x02 \x03(\x05\x12\x32\n\x0b\x64raft_probs\x18\x03 \x01(\x0b\x32\x1d.specdec.v1.ProbabilityMatrix\"c\n\x12VerifyNextResponse\x12\x0b\n\x03ran\x18\x01 \x01(\x08\x12\x13\n\x0bround_index\x18\x02 \x01(\x05\x12+\n\x07verdict\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.VerifyResponse\"\xda\x01\n\x0eVerifyResponse\x12\x1a\n\x12\x61\x63\x63\x65pted_token_ids\x18\x01 \x03(\x05\x12\x15\n\rnext_token_id\x18\x02 \x01(\x05\x12\x10\n\x08is_bonus\x18\x03 \x01(\x08\x12\x13\n\x0bsession_len\x18\x04 \x01(\r\x12\x12\n\nforward_ns\x18\x05 \x01(\x04\x12\x13\n\x0bsampling_ns\x18\x06 \x01(\x04\x12\x12\n\nbatch_rows\x18\x07 \x01(\r\x12\x14\n\x0c\x62\x61tch_tokens\x18\x08 \x01(\r\x12\x1b\n\x13\x63onstraint_dead_end\x18( \x01(\x08\x32\xc8\x03\n\x08Verifier\x12Z\n\x0bOpenSession\x12$.specdec.v1.OpenVerifySessionRequest\x1a%.specdec.v1.OpenVerifySessionResponse\x12?\n\x06Verify\x12\x19.specdec.v1.VerifyRequest\x1a\x1a.specdec.v1.VerifyResponse\x12K\n\nVerifyNext\x12\x1d.specdec.v1.VerifyNextRequest\x1a\x1e.specdec.v1.VerifyNextResponse\x12Q\n\x0c\x43loseSession\x12\x1f.specdec.v1.CloseSessionRequest\x1a .specdec.v1.CloseSessionResponse\x12\x38\n\x04Info\x12\x17.specdec.v1.InfoRequest\x1a\x17.specdec.v1.ServiceInfo\x12\x45\n\nCallStream\x12\x18.specdec.v1.StreamedCall\x1a\x19.specdec.v1.StreamedReply(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19specdec/v1/verifier.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\xd8\x02\n\x18OpenVerifySessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12/\n\rsampling_rule\x18\x04 \x01(\x0e\x32\x18.specdec.v1.SamplingRule\x12\x10\n\x08logprobs\x18\x14 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x15 \x01(\r\x12*\n\nconstraint\x18( \x01(\x0b\x32\x16.specdec.v1.Constraint\x12\x14\n\x0coutput_start\x18) \x01(\r\x12\x18\n\x10\x64raw_first_token\x18\x46 \x01(\x08\x12+\n\tnext_call\x18G \x01(\x0b\x32\x18.specdec.v1.NextCallHint\"\xc8\x01\n\x19OpenVerifySessionResponse\x12\x13\n\x0bsession_len\x18\x01 \x01(\r\x12\x12\n\nprefill_ns\x18\x02 \x01(\x04\x12\x1b\n\x0e\x66irst_token_id\x18\x46 \x01(\x05H\x00\x88\x01\x01\x12\x1b\n\x13\x63onstraint_dead_end\x18G \x01(\x08\x12\x35\n\x13\x66irst_token_logprob\x18H \x01(\x0b\x32\x18.specdec.v1.TokenLogprobB\x11\n\x0f_first_token_id\"\xaf\x01\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61se_len\x18\x02 \x01(\r\x12\x17\n\x0f\x64raft_token_ids\x18\x03 \x03(\x05\x12\x32\n\x0b\x64raft_probs\x18\x04 \x01(\x0b\x32\x1d.specdec.v1.ProbabilityMatrix\x12+\n\tnext_call\x18\x05 \x01(\x0b\x32\x18.specdec.v1.NextCallHint\"]\n\x0cNextCallHint\x12\x19\n\x11\x61\x66ter_any_verdict\x18\x01 \x01(\x08\x12\x32\n\x0e\x61\x66ter_verdicts\x18\x02 \x03(\x0b\x32\x1a.specdec.v1.GuessedVerdict\"T\n\x0eGuessedVerdict\x12\x14\n\x0cnum_accepted\x18\x01 \x01(\r\x12\x1a\n\rnext_token_id\x18\x02 \x01(\x05H\x00\x88\x01\x01\x42\x10\n\x0e_next_token_id\"\xaf\x01\n\x11VerifyNextRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_base_len\x18\x02 \x01(\r\x12(\n\x06rounds\x18\x03 \x03(\x0b\x32\x18.specdec.v1.GuessedRound\x12\x17\n\x0fplain_otherwise\x18\x04 \x01(\x08\x12+\n\tnext_call\x18\x05 \x01(\x0b\x32\x18.specdec.v1.NextCallHint\"\x88\x01\n\x0cGuessedRound\x12+\n\x07verdict\x18\x01 \x01(\x0b\x32\x1a.specdec.v1.GuessedVerdict\x12\x17\n\x0f\x64raft_token_ids\x18\x02 \x03(\x05\x12\x32\n\x0b\x64raft_probs\x18\x03 \x01(\x0b\x32\x1d.specdec.v1.ProbabilityMatrix\"c\n\x12VerifyNextResponse\x12\x0b\n\x03ran\x18\x01 \x01(\x08\x12\x13\n\x0bround_index\x18\x02 \x01(\x05\x12+\n\x07verdict\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.VerifyResponse\"\x86\x02\n\x0eVerifyResponse\x12\x1a\n\x12\x61\x63\x63\x65pted_token_ids\x18\x01 \x03(\x05\x12\x15\n\rnext_token_id\x18\x02 \x01(\x05\x12\x10\n\x08is_bonus\x18\x03 \x01(\x08\x12\x13\n\x0bsession_len\x18\x04 \x01(\r\x12\x12\n\nforward_ns\x18\x05 \x01(\x04\x12\x13\n\x0bsampling_ns\x18\x06 \x01(\x04\x12\x12\n\nbatch_rows\x18\x07 \x01(\r\x12\x14\n\x0c\x62\x61tch_tokens\x18\x08 \x01(\r\x12*\n\x08logprobs\x18\x14 \x03(\x0b\x32\x18.specdec.v1.TokenLogprob\x12\x1b\n\x13\x63onstraint_dead_end\x18( \x01(\x08\x32\xc8\x03\n\x08Verifier\x12Z\n\x0bOpenSession\x12$.specdec.v1.OpenVerifySessionRequest\x1a%.specdec.v1.OpenVerifySessionResponse\x12?\n\x06Verify\x12\x19.specdec.v1.VerifyRequest\x1a\x1a.specdec.v1.VerifyResponse\x12K\n\nVerifyNext\x12\x1d.specdec.v1.VerifyNextRequest\x1a\x1e.specdec.v1.VerifyNextResponse\x12Q\n\x0c\x43loseSession\x12\x1f.specdec.v1.CloseSessionRequest\x1a .specdec.v1.CloseSessionResponse\x12\x38\n\x04Info\x12\x17.specdec.v1.InfoRequest\x1a\x17.specdec.v1.ServiceInfo\x12\x45\n\nCallStream\x12\x18.specdec.v1.StreamedCall\x1a\x19.specdec.v1.StreamedReply(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,23 +33,23 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specdec.v1.verifier_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_OPENVERIFYSESSIONREQUEST']._serialized_start=67
-  _globals['_OPENVERIFYSESSIONREQUEST']._serialized_end=371
-  _globals['_OPENVERIFYSESSIONRESPONSE']._serialized_start=374
-  _globals['_OPENVERIFYSESSIONRESPONSE']._serialized_end=519
-  _globals['_VERIFYREQUEST']._serialized_start=522
-  _globals['_VERIFYREQUEST']._serialized_end=697
-  _globals['_NEXTCALLHINT']._serialized_start=699
-  _globals['_NEXTCALLHINT']._serialized_end=792
-  _globals['_GUESSEDVERDICT']._serialized_start=794
-  _globals['_GUESSEDVERDICT']._serialized_end=878
-  _globals['_VERIFYNEXTREQUEST']._serialized_start=881
-  _globals['_VERIFYNEXTREQUEST']._serialized_end=1056
-  _globals['_GUESSEDROUND']._serialized_start=1059
-  _globals['_GUESSEDROUND']._serialized_end=1195
-  _globals['_VERIFYNEXTRESPONSE']._serialized_start=1197
-  _globals['_VERIFYNEXTRESPONSE']._serialized_end=1296
-  _globals['_VERIFYRESPONSE']._serialized_start=1299
-  _globals['_VERIFYRESPONSE']._serialized_end=1517
-  _globals['_VERIFIER']._serialized_start=1520
-  _globals['_VERIFIER']._serialized_end=1976
+  _globals['_OPENVERIFYSESSIONREQUEST']._serialized_end=411
+  _globals['_OPENVERIFYSESSIONRESPONSE']._serialized_start=414
+  _globals['_OPENVERIFYSESSIONRESPONSE']._serialized_end=614
+  _globals['_VERIFYREQUEST']._serialized_start=617
+  _globals['_VERIFYREQUEST']._serialized_end=792
+  _globals['_NEXTCALLHINT']._serialized_start=794
+  _globals['_NEXTCALLHINT']._serialized_end=887
+  _globals['_GUESSEDVERDICT']._serialized_start=889
+  _globals['_GUESSEDVERDICT']._serialized_end=973
+  _globals['_VERIFYNEXTREQUEST']._serialized_start=976
+  _globals['_VERIFYNEXTREQUEST']._serialized_end=1151
+  _globals['_GUESSEDROUND']._serialized_start=1154
+  _globals['_GUESSEDROUND']._serialized_end=1290
+  _globals['_VERIFYNEXTRESPONSE']._serialized_start=1292
+  _globals['_VERIFYNEXTRESPONSE']._serialized_end=1391
+  _globals['_VERIFYRESPONSE']._serialized_start=1394
+  _globals['_VERIFYRESPONSE']._serialized_end=1656
+  _globals['_VERIFIER']._serialized_start=1659
+  _globals['_VERIFIER']._serialized_end=2115
 # @@protoc_insertion_point(module_scope)

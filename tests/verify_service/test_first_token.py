@@ -56,7 +56,7 @@ def test_first_tokens_ride_along_with_rounds_and_the_step_reads_the_host_once(ta
     with HostSyncCounter() as syncs:
         results = service.step_many(
             [
-                ("x", OPEN, OTHER, SETTINGS["coupled, seeded"], True),
+                ("x", OPEN, OTHER, SETTINGS["coupled, seeded"], None, 0, True),  # no constraint, draws its first
                 ("a", VERIFY, len(PROMPT), [17, 2], None),
                 ("y", OPEN, OTHER[:3], SETTINGS["greedy"]),  # keeps its row for its first round
             ]

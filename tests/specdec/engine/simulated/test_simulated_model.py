@@ -108,4 +108,4 @@ def test_speculative_greedy_on_the_twin_is_the_target_alone(twin_pair):
 
 def test_a_service_must_name_its_role(twin_cache):
     with pytest.raises(ValueError, match="^model: .* pass --model draft, got 'target'"):
-        load_simulated(ModelSettings("target", "sim:llama8b-h100:8192"), "draft", 0.75, 0)
+        load_simulated(ModelSettings("target", device="sim:llama8b-h100:8192"), "draft", 0.75, 0)
