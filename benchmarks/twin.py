@@ -277,6 +277,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repetitions", type=int, default=defaults.repetitions, help="concurrency-1 passes (medians)")
     p.add_argument("--concurrency", type=csv(int), default=defaults.concurrency)
     p.add_argument("--demo-concurrency", type=csv(int), default=defaults.demo_concurrency)
+    p.add_argument(
+        "--sweep-duration-s", type=float, default=defaults.sweep_duration_s, help="most seconds a sweep level runs"
+    )
     p.add_argument("--quick", action="store_true", help="a short smoke run, to a temp folder unless --out-dir")
     p.add_argument("--out-dir", default="", help="where twin.json and twin.png go [benchmarks/results]")
     return p
