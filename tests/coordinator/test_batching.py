@@ -73,7 +73,8 @@ def test_eight_concurrent_prompts_of_different_lengths_are_token_identical(coord
     for prompt, reply in zip(prompts, replies):
         assert list(reply.token_ids) == target_only_generate(target, prompt, SamplingParams(), MAX_NEW).token_ids
     if coordinator == "fixed_gamma_client":
-        assert all(r.stats.drafted_tokens > 0 for r, gamma in zip(replies, gammas) if gamma)
+        # a request whose first token (from the verifier's prefill) ends it drafts nothing
+        assert all(r.stats.drafted_tokens > 0 for r, gamma in zip(replies, gammas) if gamma and len(r.token_ids) > 1)
 
 
 async def concurrent_verify_rounds(address: str, prompts: list[list[int]], drafts: list[list[int]], rounds: int):
@@ -145,13 +146,15 @@ def test_sampled_output_follows_the_target_distribution_under_batching(fixed_gam
 
     def one(seed: int) -> tuple[list[int], int]:
         reply = fixed_gamma_client.generate(
-            prompt, max_new_tokens=2, temperature=1.0, seed=seed, num_speculative_tokens=3, include_stats=True
+            prompt, max_new_tokens=3, temperature=1.0, seed=seed, num_speculative_tokens=3, include_stats=True
         )
         return list(reply.token_ids), reply.stats.drafted_tokens
 
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(one, range(SEEDS)))
-    assert all(drafted == 1 for _, drafted in results)  # every request went through the rejection sampler
+    # the first token comes from the prefill; the round after it drafts 1 token for the 2 left, so the second token
+    # went through the rejection sampler in every request the first did not end
+    assert all(drafted == 1 for ids, drafted in results if len(ids) > 1)
     for position, expected in ((0, first), (1, second)):
         tokens = [ids[position] for ids, _ in results if len(ids) > position]
         counts = torch.bincount(torch.tensor(tokens), minlength=target.vocab_size).double()
