@@ -32,7 +32,7 @@ from coordinator.round_blocks import ChainedRound, DraftBlock, LaneCall
 from coordinator.round_calls import RoundCalls
 from coordinator.speculation_gate import SpeculationGate
 from coordinator.speculation_policy import AcceptanceRate, RoundTimes
-from coordinator.text_stream import Chunk, TextStream
+from coordinator.text_stream import CONSTRAINT_DEAD_END, Chunk, TextStream
 from specdec.v1 import verifier_pb2
 
 
@@ -152,7 +152,11 @@ class Generation:
             self.state.verdicts.observe(drafted, block.alternatives, accepted, verdict.next_token_id)
             self.state.metrics.round_committed(drafted, accepted)
             self.sizing.observe_verdict(drafted, accepted)
-            committed.extend([*verdict.accepted_token_ids, verdict.next_token_id])
+            dead_end = verdict.constraint_dead_end  # the constraint allows nothing more: the request ends
+            tokens = [*verdict.accepted_token_ids, *([] if dead_end else [verdict.next_token_id])]
+            committed.extend(tokens)
             if self.gate is not None:
-                self.gate.committed(accepted + 1)
-            return self.text.add([*verdict.accepted_token_ids, verdict.next_token_id])
+                self.gate.committed(len(tokens))
+            chunk = self.text.add(tokens, ended=CONSTRAINT_DEAD_END if dead_end else None)
+            chunk.logprobs = verdict.logprobs[: len(chunk.token_ids)]  # the tokens a stop rule kept
+            return chunk

@@ -20,7 +20,7 @@ from coordinator.generation_state import GenerationState
 from coordinator.replica_errors import replica_error
 from coordinator.replicas import Replica
 from specdec.common.errors import InvalidFieldError, ReplicaUnreachableError, SpecDecError
-from specdec.serving.wire import SAMPLING_RULE_ENUMS, sampling_to_proto
+from specdec.serving.wire import SAMPLING_RULE_ENUMS, constraint_to_proto, sampling_to_proto
 from specdec.v1 import common_pb2, drafter_pb2, verifier_pb2
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,7 @@ class ReplicaSessions:
         state, plan = self.state, self.state.plan
         started = time.perf_counter_ns()
         sampling, rule = sampling_to_proto(plan.params), SAMPLING_RULE_ENUMS[plan.params.rule]
+        constraint = constraint_to_proto(plan.constraint)
         with state.telemetry.stage("open_sessions") as parent:
             calls = [
                 self._open(
@@ -62,6 +63,10 @@ class ReplicaSessions:
                         prompt_token_ids=plan.prompt_ids,
                         sampling=sampling,
                         sampling_rule=rule,
+                        logprobs=plan.top_logprobs is not None,
+                        top_logprobs=plan.top_logprobs or 0,
+                        constraint=constraint,
+                        output_start=plan.output_start,
                     ),
                 )
             ]
@@ -79,6 +84,8 @@ class ReplicaSessions:
                                 draft_method=plan.draft_method,
                                 num_lanes=len(state.lanes),
                                 sampling_rule=rule,
+                                constraint=constraint,
+                                output_start=plan.output_start,
                             ),
                         )
                     )

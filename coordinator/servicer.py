@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 from transformers import PreTrainedTokenizerBase
 
+from coordinator.constraint_check import ConstraintCheck
 from coordinator.generation import Generation
 from coordinator.read_ahead import read_ahead
 from coordinator.replicas import ReplicaPool
@@ -20,6 +21,7 @@ from coordinator.speculation_gate import SpeculationGate
 from coordinator.speculation_policy import AcceptanceRate, RoundTimes
 from coordinator.validation import plan_request
 from specdec.common.errors import ReplicaUnreachableError
+from specdec.sampling.constraints import ConstraintCompiler
 from specdec.serving.wire import SAMPLING_RULE_ENUMS
 from specdec.telemetry.metrics import speculation_metrics
 from specdec.v1 import coordinator_pb2, coordinator_pb2_grpc
@@ -31,6 +33,7 @@ FINISH_REASONS = {
     "length": coordinator_pb2.FINISH_REASON_LENGTH,
     "stop": coordinator_pb2.FINISH_REASON_STOP,
     "eos": coordinator_pb2.FINISH_REASON_EOS,
+    "constraint_dead_end": coordinator_pb2.FINISH_REASON_CONSTRAINT_DEAD_END,
 }
 
 
@@ -60,6 +63,17 @@ def stats_to_proto(stats: RequestStats, plan: GenerationPlan) -> coordinator_pb2
     )
 
 
+def add_chunk(response: coordinator_pb2.GenerateResponse, reply: coordinator_pb2.GenerateStreamResponse) -> None:
+    """Adds one streamed chunk to a whole response."""
+    response.text += reply.text
+    response.token_ids.extend(reply.token_ids)
+    response.logprobs.extend(reply.logprobs)
+    response.request_id = reply.request_id
+    response.finish_reason = reply.finish_reason
+    if reply.HasField("stats"):
+        response.stats.CopyFrom(reply.stats)
+
+
 def _publish_gate_throughput(level: int, speculative: bool, tokens_per_s: float) -> None:
     speculation_metrics().gate_throughput.labels(str(level), "speculative" if speculative else "plain").set(
         tokens_per_s
@@ -85,6 +99,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self.vocab_size = vocab_size
         self.draft_pool = draft_pool
         self.verify_pool = verify_pool
+        self.constraints = ConstraintCheck(
+            ConstraintCompiler(tokenizer, vocab_size, eos_token_ids, settings.constraint_limits())
+        )
         self.guard = guard or RequestGuard(settings)  # limits; with Redis also rate limits, journal, leases
         self.acceptance = AcceptanceRate() if settings.adaptive_gamma else None  # None: every round uses plan.gamma
         self.round_times = RoundTimes() if settings.adaptive_gamma else None
@@ -99,6 +116,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     ) -> AsyncIterator[coordinator_pb2.GenerateStreamResponse]:
         telemetry = RequestTelemetry()  # TTFT counts from here
         plan = plan_request(request, self.settings, self.tokenizer, self.vocab_size)
+        if plan.constraint is not None:  # an invalid one fails here, before it takes a session anywhere
+            await self.constraints.check(plan.constraint)
         async with self.guard.admit(request, plan) as guarded:  # coordinator/request_guard.py
             # the rounds run ahead of the journal and client writes of their chunks (coordinator/read_ahead.py)
             replies = guarded.replies(read_ahead(self._generate(request, guarded, telemetry)))
@@ -133,6 +152,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                         token_ids=chunk.token_ids,
                         finish_reason=FINISH_REASONS[chunk.finish_reason],
                         request_id=plan.request_id,
+                        logprobs=chunk.logprobs,
                     )
                     if chunk.finish_reason and request.include_stats:
                         generation.stats.total_ns = generation.elapsed_ns()
@@ -165,12 +185,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         response = coordinator_pb2.GenerateResponse()
         async with contextlib.aclosing(self._run(request)) as replies:
             async for reply in replies:
-                response.text += reply.text
-                response.token_ids.extend(reply.token_ids)
-                response.request_id = reply.request_id
-                response.finish_reason = reply.finish_reason
-                if reply.HasField("stats"):
-                    response.stats.CopyFrom(reply.stats)
+                add_chunk(response, reply)
         return response
 
     async def Info(self, request, context) -> coordinator_pb2.CoordinatorInfo:

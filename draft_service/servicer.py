@@ -6,6 +6,7 @@ Propose calls join a running propose step before its next pass (--join-running-s
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from contextlib import nullcontext
 
@@ -13,7 +14,13 @@ from draft_service.service import MODEL, NGRAM, DraftService, LaneProposal, Prop
 from specdec.engine.kv.admission import KVAdmission
 from specdec.engine.step_batcher import StepBatcher
 from specdec.serving.session_store import expire_idle_sessions
-from specdec.serving.wire import check_token_ids, kv_block_info, probs_to_proto, session_sampling_from_proto
+from specdec.serving.wire import (
+    check_token_ids,
+    constraint_from_proto,
+    kv_block_info,
+    probs_to_proto,
+    session_sampling_from_proto,
+)
 from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 
 METHOD_NAMES = {
@@ -67,12 +74,17 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         params = session_sampling_from_proto(request.sampling, request.sampling_rule)
         method = METHOD_NAMES.get(request.draft_method, "unknown")
         lanes = max(request.num_lanes, 1)
+        constraint = constraint_from_proto(request.constraint)
+        if constraint is not None and self.service.constraints is not None:  # off the model thread, as the verifier
+            await asyncio.to_thread(self.service.constraints.compile, constraint)
         holds_kv = self._admission is not None and (method or self.service.settings.default_draft_method) == MODEL
         admitted = (
             self._admission.admitted(self._admission.blocks_needed(len(prompt), lanes)) if holds_kv else nullcontext()
         )
         async with admitted:
-            prefill_ns = await self._batcher.submit("open", request.session_id, prompt, params, method, lanes)
+            prefill_ns = await self._batcher.submit(
+                "open", request.session_id, prompt, params, method, lanes, constraint, request.output_start
+            )
         return drafter_pb2.OpenDraftSessionResponse(session_len=len(prompt), prefill_ns=prefill_ns)
 
     async def Propose(self, request: drafter_pb2.ProposeRequest, context) -> drafter_pb2.ProposeResponse:

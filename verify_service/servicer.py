@@ -16,9 +16,12 @@ from specdec.engine.step_batcher import StepBatcher
 from specdec.serving.session_store import expire_idle_sessions
 from specdec.serving.wire import (
     check_token_ids,
+    checked_top_logprobs,
+    constraint_from_proto,
     ends_after,
     follows_at_once,
     kv_block_info,
+    logprob_to_proto,
     probs_from_proto,
     session_sampling_from_proto,
 )
@@ -27,8 +30,9 @@ from verify_service.service import LAST_VERIFY, OPEN, VERIFY, GuessedRound, Veri
 
 
 def _round_follows(hint: verifier_pb2.NextCallHint) -> Callable[[tuple], bool]:
-    """For the batcher: whether the caller's next round follows a round's result (verdict, timing, length) at once."""
-    return lambda result: follows_at_once(hint, result[0].num_accepted, result[0].next_token)
+    """For the batcher: whether the caller's next round follows a round's result (verdict, timing, length) at once
+    (never after a dead end: the request ends)."""
+    return lambda result: not result[0].dead_end and follows_at_once(hint, result[0].num_accepted, result[0].next_token)
 
 
 def _round_kind(request: verifier_pb2.VerifyRequest | verifier_pb2.VerifyNextRequest) -> str:
@@ -39,13 +43,15 @@ def _round_kind(request: verifier_pb2.VerifyRequest | verifier_pb2.VerifyNextReq
 def _verify_response(verdict, timing, session_len: int) -> verifier_pb2.VerifyResponse:
     return verifier_pb2.VerifyResponse(
         accepted_token_ids=verdict.accepted_tokens,
-        next_token_id=verdict.next_token,
+        next_token_id=verdict.next_token if not verdict.dead_end else 0,
         is_bonus=verdict.is_bonus,
+        constraint_dead_end=verdict.dead_end,
         session_len=session_len,
         forward_ns=timing.forward_ns,
         sampling_ns=timing.sampling_ns,
         batch_rows=timing.batch_rows,
         batch_tokens=timing.batch_tokens,
+        logprobs=[logprob_to_proto(logprob) for logprob in verdict.logprobs],
     )
 
 
@@ -121,9 +127,15 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     ) -> verifier_pb2.OpenVerifySessionResponse:
         prompt = check_token_ids(request.prompt_token_ids, self.service.model.vocab_size, "prompt_token_ids")
         params = session_sampling_from_proto(request.sampling, request.sampling_rule)
+        top_logprobs = checked_top_logprobs(request.logprobs, request.top_logprobs)
+        constraint = constraint_from_proto(request.constraint)
+        if constraint is not None:  # compiled (or found in the cache) off the model thread, which opens with it
+            await asyncio.to_thread(self.service.constraints.compile, constraint)
         admission = self._admission
         async with nullcontext() if admission is None else admission.admitted(admission.blocks_needed(len(prompt))):
-            prefill_ns = await self._run("step", request.session_id, OPEN, prompt, params)
+            prefill_ns = await self._run(
+                "step", request.session_id, OPEN, prompt, params, constraint, request.output_start, top_logprobs
+            )
         return verifier_pb2.OpenVerifySessionResponse(session_len=len(prompt), prefill_ns=prefill_ns)
 
     async def Verify(self, request: verifier_pb2.VerifyRequest, context) -> verifier_pb2.VerifyResponse:
