@@ -92,7 +92,7 @@ class VerifyNextResponse(_message.Message):
     def __init__(self, ran: _Optional[bool] = ..., round_index: _Optional[int] = ..., verdict: _Optional[_Union[VerifyResponse, _Mapping]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("accepted_token_ids", "next_token_id", "is_bonus", "session_len", "forward_ns", "sampling_ns", "batch_rows", "batch_tokens")
+    __slots__ = ("accepted_token_ids", "next_token_id", "is_bonus", "session_len", "forward_ns", "sampling_ns", "batch_rows", "batch_tokens", "draining")
     ACCEPTED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NEXT_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     IS_BONUS_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class VerifyResponse(_message.Message):
     SAMPLING_NS_FIELD_NUMBER: _ClassVar[int]
     BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
     BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     accepted_token_ids: _containers.RepeatedScalarFieldContainer[int]
     next_token_id: int
     is_bonus: bool
@@ -109,4 +110,5 @@ class VerifyResponse(_message.Message):
     sampling_ns: int
     batch_rows: int
     batch_tokens: int
-    def __init__(self, accepted_token_ids: _Optional[_Iterable[int]] = ..., next_token_id: _Optional[int] = ..., is_bonus: _Optional[bool] = ..., session_len: _Optional[int] = ..., forward_ns: _Optional[int] = ..., sampling_ns: _Optional[int] = ..., batch_rows: _Optional[int] = ..., batch_tokens: _Optional[int] = ...) -> None: ...
+    draining: bool
+    def __init__(self, accepted_token_ids: _Optional[_Iterable[int]] = ..., next_token_id: _Optional[int] = ..., is_bonus: _Optional[bool] = ..., session_len: _Optional[int] = ..., forward_ns: _Optional[int] = ..., sampling_ns: _Optional[int] = ..., batch_rows: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
