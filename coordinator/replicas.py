@@ -22,6 +22,9 @@ from specdec.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 StubT = TypeVar("StubT")
+# A replica that restarts at its address (a rolling restart, a crash) is reconnected to within 2 s, not after gRPC's
+# backoff of up to two minutes, so that its health probe puts it back into placement as soon as it serves.
+REPLICA_CHANNEL_OPTIONS = [("grpc.max_reconnect_backoff_ms", 2000)]
 
 
 @dataclass
@@ -65,7 +68,7 @@ class ReplicaPool(Generic[StubT]):
         self.on_health_change: Callable[[], None] | None = None  # a replica left placement, came back or joined
         self._make_stub = make_stub
         self._credentials = credentials
-        self._options = [*channel_options(), *options]
+        self._options = [*channel_options(), *REPLICA_CHANNEL_OPTIONS, *options]
         self._tasks = BackgroundTasks()  # health probes and channel closes in flight
         self.replicas: list[Replica[StubT]] = [self.open(address) for address in addresses]
 
@@ -81,6 +84,16 @@ class ReplicaPool(Generic[StubT]):
         if not candidates and not required:
             return None
         replica = min(candidates or self.replicas, key=lambda r: r.active_sessions + r.remote_sessions)
+        replica.active_sessions += 1
+        return replica
+
+    def acquire_instead(self, leaving: Replica[StubT]) -> Replica[StubT] | None:
+        """The least-loaded healthy replica but `leaving` (a session moves off it), counted as holding one more
+        session; None when there is none."""
+        candidates = [r for r in self.replicas if r.healthy and r is not leaving]
+        if not candidates:
+            return None
+        replica = min(candidates, key=lambda r: r.active_sessions + r.remote_sessions)
         replica.active_sessions += 1
         return replica
 
