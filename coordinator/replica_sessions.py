@@ -60,6 +60,7 @@ class ReplicaSessions:
         self.deadline = deadline  # the client's, on the event loop's clock: opens may queue for KV blocks until it
         self._verify_draining: Replica | None = None  # the verify replica that said it drains
         self._verify_move = asyncio.Lock()  # one move at a time: calls failing together move once
+        self.verify_epoch = 0  # moves of the verify session begun: a chained round sent before one is void
         self._draft_move: asyncio.Future | None = None  # the draft session's move in flight
 
     async def open(self) -> None:
@@ -216,6 +217,7 @@ class ReplicaSessions:
         async with self._verify_move:
             if self.verify is not leaving:
                 return True
+            self.verify_epoch += 1
             arrived = await self.moves.move("verify", leaving, reason, lambda replica: self._open(replica, "verify"))
             if arrived is None:
                 return False

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -87,10 +87,12 @@ class ReplicaPool(Generic[StubT]):
         replica.active_sessions += 1
         return replica
 
-    def acquire_instead(self, leaving: Replica[StubT]) -> Replica[StubT] | None:
-        """The least-loaded healthy replica but `leaving` (a session moves off it), counted as holding one more
-        session; None when there is none."""
-        candidates = [r for r in self.replicas if r.healthy and r is not leaving]
+    def acquire_instead(self, tried: Collection[Replica[StubT]]) -> Replica[StubT] | None:
+        """For a session moving off a replica: the least-loaded healthy one not in `tried` (the one it leaves and
+        those that failed to take it), else the least-loaded other one (its probe may lag behind its restart: the
+        open will tell), counted as holding one more session; None when every replica was tried."""
+        others = [r for r in self.replicas if r not in tried]
+        candidates = [r for r in others if r.healthy] or others
         if not candidates:
             return None
         replica = min(candidates, key=lambda r: r.active_sessions + r.remote_sessions)

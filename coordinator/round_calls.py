@@ -89,8 +89,9 @@ class RoundCalls:
         """Verifies `block` (already running on the verifier when chained) and records the call. A verify session
         whose replica drains, is gone or lost it moves first (coordinator/session_moves.py)."""
         state = self.state
-        if await self.sessions.leave_draining_verifier():
-            chained = None  # it runs on the replica left behind
+        await self.sessions.leave_draining_verifier()
+        if chained is not None and chained.verify_epoch != self.sessions.verify_epoch:
+            chained = None  # sent to a replica the session has left since: its verdict is not the session's
         with state.telemetry.remote_call(
             "verify", round_span, base_len=len(state.committed), num_tokens=len(block.token_ids)
         ) as call:
@@ -150,13 +151,13 @@ class RoundCalls:
                 plain_otherwise=plain_otherwise,
                 next_call=verifier_pb2.NextCallHint(after_any_verdict=not ends_request),
             )
-            verifier = self.sessions.verify
+            epoch = self.sessions.verify_epoch
             try:
-                reply = await self.sessions.call(verifier, "VerifyNext", request)
+                reply = await self.sessions.call(self.sessions.verify, "VerifyNext", request)
             except DownstreamUnavailableError:
                 return verifier_pb2.VerifyNextResponse(ran=False)
             self._count_bytes(request, reply)
-            return reply if verifier is self.sessions.verify else verifier_pb2.VerifyNextResponse(ran=False)
+            return reply if epoch == self.sessions.verify_epoch else verifier_pb2.VerifyNextResponse(ran=False)
 
     async def _chained_verdict(self, chained: ChainedRound) -> verifier_pb2.VerifyResponse | None:
         """The verdict of the round the verifier ran by itself, or None if it ran another one or none (then the

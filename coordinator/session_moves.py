@@ -61,9 +61,9 @@ class SessionMoves:
     async def move(
         self, kind: str, leaving: Replica, reason: str, open_on: Callable[[Replica], Awaitable[None]]
     ) -> Replica | None:
-        """Opens the session on the least-loaded other healthy replica of the kind (`open_on`), trying the next while
-        they turn out gone; then hands `leaving` back and closes the session there in the background. The replica
-        it moved to, or None when no replica could take it or the request moved too often."""
+        """Opens the session on the least-loaded other replica of the kind (`open_on`; healthy ones first), trying
+        the next while they turn out gone; then hands `leaving` back and closes the session there in the background.
+        The replica it moved to, or None when no replica could take it or the request moved too often."""
         pool = self.pool(kind)
         if reason in OUT_OF_PLACEMENT:
             pool.mark_unhealthy(leaving)
@@ -72,12 +72,14 @@ class SessionMoves:
                 "request %s: not moving its %s session again (%d moves)", self.session_id, kind, self.moves[kind]
             )
             return None
-        while (candidate := pool.acquire_instead(leaving)) is not None:
+        tried = [leaving]
+        while (candidate := pool.acquire_instead(tried)) is not None:
             try:
                 await open_on(candidate)
             except ReplicaUnreachableError:
-                pool.mark_unhealthy(candidate)  # gone too: the next pick skips it
+                pool.mark_unhealthy(candidate)  # gone too: try the next
                 pool.release(candidate)
+                tried.append(candidate)
                 continue
             except BaseException:  # refused (full), or the request ended meanwhile: an open may still land there
                 pool.release(candidate)

@@ -128,8 +128,9 @@ def kv_block_info(pool: KVPool | None) -> dict[str, int]:
 
 
 def call_deadline(context) -> float | None:
-    """The event loop's time at which a call's deadline passes (grpc.aio ServicerContext); None when it has none."""
-    remaining = context.time_remaining()
+    """The event loop's time at which a call's deadline passes (grpc.aio ServicerContext); None when it has none
+    (or when the servicer is called in-process, without a context)."""
+    remaining = context.time_remaining() if context is not None else None
     if remaining is None or remaining == float("inf"):
         return None
     return asyncio.get_running_loop().time() + remaining
