@@ -4,7 +4,8 @@ Two of each serve, the coordinators journaling into one Redis. Every few seconds
 that is up is SIGKILLed and restarted at its address. Clients send greedy and seeded requests at concurrency 8, each
 with a request_id, and retry a failed attempt on the other coordinator, as a journaled deployment's clients would.
 Every request must complete with the tokens of an undisturbed pass. A failed attempt is put down to:
-- `coordinator_down`: its coordinator was killed while it ran, or was down when it was sent;
+- `coordinator_down`: its coordinator was killed while it ran, or was down when it was sent (or back for less than
+  RECONNECT_S, the clients' reconnect);
 - `every_verify_replica_down`: it ended while no verify replica was up (or within RECOVERY_S of one coming back,
   the coordinator's health probe), answered UNAVAILABLE;
 - `other`: anything else, which the stack should never cause.
@@ -22,6 +23,7 @@ from benchmarks.fleet import FleetProcess
 from benchmarks.survival_load import Attempt, closed_loop, tally
 
 KILL_EVERY_S = (5.0, 15.0)
+RECONNECT_S = 2.0  # a coordinator back is reached within the clients' reconnect backoff (1 s)
 RECOVERY_S = 5.0  # a verify replica back is in placement within the coordinators' probe (1 s) + reconnect (2 s)
 JOURNAL_ARGS = ("--lease-s", "2", "--lease-wait-s", "10", "--registry-ttl-s", "3", "--registry-refresh-s", "0.5")
 CONCURRENCY = 8
@@ -42,8 +44,9 @@ class Timeline:
         with self.lock:
             self.down[name][-1][1] = time.monotonic()
 
-    def was_down(self, name: str, start: float, end: float) -> bool:
-        return any(killed <= end and back >= start for killed, back in self.down[name])
+    def was_down(self, name: str, start: float, end: float, slack_s: float = 0.0) -> bool:
+        """Whether the process was down at some time in [start, end] (each outage extended by slack_s)."""
+        return any(killed <= end and back + slack_s >= start for killed, back in self.down[name])
 
     def all_down(self, names: Sequence[str], slack_s: float) -> list[tuple[float, float]]:
         """The intervals during which every process of `names` was down (each extended by slack_s)."""
@@ -92,7 +95,7 @@ def kill_randomly(processes: Sequence[FleetProcess], timeline: Timeline, seconds
 
 
 def cause(attempt: Attempt, coordinators: Sequence[FleetProcess], timeline: Timeline, outages) -> str:
-    if timeline.was_down(coordinators[attempt.coordinator].name, attempt.started, attempt.ended):
+    if timeline.was_down(coordinators[attempt.coordinator].name, attempt.started, attempt.ended, RECONNECT_S):
         return "coordinator_down"
     if attempt.code == "UNAVAILABLE" and any(start <= attempt.ended <= end for start, end in outages):
         return "every_verify_replica_down"

@@ -60,7 +60,8 @@ class ReplicaSessions:
         self.deadline = deadline  # the client's, on the event loop's clock: opens may queue for KV blocks until it
         self._verify_draining: Replica | None = None  # the verify replica that said it drains
         self._verify_move = asyncio.Lock()  # one move at a time: calls failing together move once
-        self.verify_epoch = 0  # moves of the verify session begun: a chained round sent before one is void
+        self.verify_epoch = 0  # counts moves of the verify session begun and ended: a chained round sent before or
+        # during one is void (it ran, if at all, on the replica left behind)
         self._draft_move: asyncio.Future | None = None  # the draft session's move in flight
 
     async def open(self) -> None:
@@ -217,8 +218,13 @@ class ReplicaSessions:
         async with self._verify_move:
             if self.verify is not leaving:
                 return True
-            self.verify_epoch += 1
-            arrived = await self.moves.move("verify", leaving, reason, lambda replica: self._open(replica, "verify"))
+            self.verify_epoch += 1  # and again when it ends: a chained round sent meanwhile went to `leaving`
+            try:
+                arrived = await self.moves.move(
+                    "verify", leaving, reason, lambda replica: self._open(replica, "verify")
+                )
+            finally:
+                self.verify_epoch += 1
             if arrived is None:
                 return False
             self.verify = arrived

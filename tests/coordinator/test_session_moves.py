@@ -17,11 +17,12 @@ from coordinator.replicas import ReplicaPool
 from coordinator.request_plan import GenerationPlan
 from coordinator.request_stats import RequestStats
 from coordinator.request_telemetry import RequestTelemetry
-from coordinator.round_blocks import DraftBlock, LaneCall
+from coordinator.round_blocks import ChainedRound, DraftBlock, LaneCall
 from coordinator.round_calls import RoundCalls
 from coordinator.session_moves import Placement, SessionMoves
 from specdec.common.errors import ReplicaUnreachableError
 from specdec.sampling.rules import SamplingParams
+from specdec.serving.wire import PLAIN_STEP
 from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 
 PROMPT = [1, 2, 3]
@@ -126,6 +127,29 @@ def test_a_draining_verify_replica_loses_the_session_before_the_next_round_and_h
         assert draining.verified == [5] and spare.verified == [6] and spare.opened == [[*PROMPT, 4, 5, 7]]
         await settled_closes()
         assert draining.closed == ["req"] and [r.active_sessions for r in verifies.replicas] == [0, 1]
+
+    asyncio.run(scenario())
+
+
+def test_a_chained_round_sent_before_the_session_moved_is_verified_anew_on_the_new_replica():
+    draining, spare = FakeReplica(draining=True), FakeReplica()
+
+    async def scenario() -> None:
+        sessions = request_on(pool("draft", [FakeReplica()]), pool("verify", [draining, spare]))
+        calls = RoundCalls(sessions.state, sessions)
+        hint = verifier_pb2.NextCallHint()
+        await calls.verify(DraftBlock([], None), None, hint)  # says it drains
+        sessions.state.committed.append(7)
+        ran_there = asyncio.get_running_loop().create_future()  # the old replica ran the next round by itself
+        ran_there.set_result(
+            verifier_pb2.VerifyNextResponse(
+                ran=True, round_index=PLAIN_STEP, verdict=verifier_pb2.VerifyResponse(next_token_id=8, session_len=7)
+            )
+        )
+        chained = ChainedRound(ran_there, PLAIN_STEP, sessions.verify_epoch)
+        reply = await calls.verify(DraftBlock([], None), None, hint, chained)
+        assert reply.next_token_id == 7 and spare.verified == [6] and sessions.verify_epoch == 2
+        await settled_closes()
 
     asyncio.run(scenario())
 
