@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
+from load_tests.chat_prompts import chat_messages, chat_prompts
 from load_tests.prompts import code_prompts, grounded_prompts
 
 _MAX_UNKNOWN_FRACTION = 0.5
@@ -31,13 +32,26 @@ PROMPT_SETS = ("code", "grounded")
 
 
 def benchmark_prompt_sets(
-    tokenizer: PreTrainedTokenizerBase, count: int, prompt_tokens: int, seed: int = 0
+    tokenizer: PreTrainedTokenizerBase, count: int, prompt_tokens: int, seed: int = 0, kind: str = "code"
 ) -> dict[str, PromptSet]:
-    """Every set of PROMPT_SETS, `count` prompts each."""
+    """`count` prompts each: the sets of PROMPT_SETS for a code pair, or held-out chat prompts for a chat pair
+    (kind "chat"); the first set is the headline's."""
+    if kind == "chat":
+        return {"chat": chat_benchmark_prompts(tokenizer, count, seed)}
     return {
         "code": benchmark_prompts(tokenizer, count, prompt_tokens, seed),
         "grounded": grounded_benchmark_prompts(tokenizer, count, prompt_tokens, seed),
     }
+
+
+def chat_benchmark_prompts(tokenizer: PreTrainedTokenizerBase, count: int, seed: int = 0) -> PromptSet:
+    """`count` held-out chat prompts (load_tests/chat_prompts.py) rendered by the model's chat template, whole."""
+    prompts = chat_prompts(count, seed=seed)
+    token_ids = [
+        list(tokenizer.apply_chat_template(chat_messages(p), add_generation_prompt=True, return_dict=True)["input_ids"])
+        for p in prompts
+    ]
+    return PromptSet("held_out_chat", token_ids, [f"chat:{p.source}" for p in prompts])
 
 
 def grounded_benchmark_prompts(

@@ -2,6 +2,7 @@
 
     python -m benchmarks.sampling_rules            # embedded pair, T 0.7 and 1.0, batch 1 and concurrency 16
     python -m benchmarks.sampling_rules --quick    # 2 prompts x 16 tokens, concurrency 4, to a temp folder
+    python -m benchmarks.sampling_rules --pair smollm2 --out-dir DIR   # SmolLM2 (49,152 ids), chat prompts
 
 One LocalStack (draft and verify service, one thread each) and one coordinator per mode on those same replicas,
 all as deployed (overlapped, chained, adaptive γ and the gate on: the policy drafts as many pre-draft guesses as
@@ -31,9 +32,13 @@ import pathlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from transformers import AutoTokenizer
+
+from benchmarks.pairs import PAIR_NAMES, chat_prompt_texts, model_pair
 from benchmarks.stack_runs import RequestRun, environment, prompt_texts, results_dir, timed_generate, totals, write_json
 from specdec.client import Client
 from specdec.engine.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
+from specdec.engine.gguf_checkpoint import resolve_model
 from specdec.local_stack import LocalStack
 
 MODES = {  # mode -> its coordinator's extra flags
@@ -86,9 +91,12 @@ def start_coordinators(stack: LocalStack, gamma: int, adaptive: bool) -> dict[st
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pair", choices=PAIR_NAMES, help="a pair and its prompts (overrides the three below)")
     parser.add_argument("--target", default=str(DEMO_TARGET_DIR))
     parser.add_argument("--draft", default=str(DEMO_DRAFT_DIR))
-    parser.add_argument("--prompt-set", default="code", help="load_tests prompt set (words: the tiny test models)")
+    parser.add_argument(
+        "--prompt-set", default="code", help="load_tests prompt set (words: the tiny test models), or chat"
+    )
     parser.add_argument("--prompts", type=int, default=8, help="prompts of a batch-1 measurement")
     parser.add_argument("--concurrency", type=int, default=16, help="requests at once in the concurrent measurement")
     parser.add_argument(
@@ -106,7 +114,14 @@ def main(argv: list[str] | None = None) -> dict:
     if args.quick:
         args.prompts, args.max_new_tokens, args.concurrency, args.concurrent_requests = 2, 16, 4, 4
     out_dir = results_dir(args.out_dir, args.quick)
-    prompts = prompt_texts(args.prompt_set, max(args.prompts, args.concurrent_requests))
+    if args.pair:
+        pair = model_pair(args.pair)
+        args.target, args.draft, args.prompt_set = pair.target, pair.draft, pair.prompt_set
+    count = max(args.prompts, args.concurrent_requests)
+    if args.prompt_set == "chat":
+        prompts = chat_prompt_texts(AutoTokenizer.from_pretrained(resolve_model(args.target)), count)
+    else:
+        prompts = prompt_texts(args.prompt_set, count)
     levels = {
         "c1": (1, prompts[: args.prompts]),
         f"c{args.concurrency}": (args.concurrency, prompts[: args.concurrent_requests]),

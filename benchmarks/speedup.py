@@ -2,10 +2,12 @@
 
     python -m benchmarks.speedup                                   # the embedded demo pair, ~10 minutes
     python -m benchmarks.speedup --quick                           # a ~1 minute smoke run
+    python -m benchmarks.speedup --pair smollm2                    # SmolLM2 and its draft, held-out chat prompts
     python -m benchmarks.speedup --target DIR --draft DIR          # any pair sharing a tokenizer
 
-Single stream (batch 1), two fixed prompt sets (token windows cut from held-out stdlib files, and
-input-grounded prompts quoting a held-out function), a fixed token budget, greedy and temperature 1 with
+Single stream (batch 1), fixed prompt sets (for a code pair: token windows cut from held-out stdlib files, and
+input-grounded prompts quoting a held-out function; for a chat pair: held-out chat prompts rendered by the
+target's chat template; the first set is the headline's), a fixed token budget, greedy and temperature 1 with
 fixed seeds. Contenders run interleaved, repetition by repetition (the order rotates each time), so drift
 on a shared machine hits them alike; figures are medians. The gRPC stack's verify service runs on one core
 group and its draft service (with the coordinators and this client) on another; in-process contenders run
@@ -31,6 +33,7 @@ import torch
 import transformers
 
 from benchmarks import contenders
+from benchmarks.pairs import PAIR_NAMES, model_pair
 from benchmarks.prompt_ids import PromptSet, benchmark_prompt_sets
 from benchmarks.speedup_headline import headline, headline_table
 from benchmarks.speedup_report import (
@@ -66,6 +69,7 @@ class BenchConfig:
 
     target: str = str(DEMO_TARGET_DIR)
     draft: str = str(DEMO_DRAFT_DIR)
+    prompt_set: str = "code"  # "code" (code and grounded sets) or "chat" (a chat pair's)
     gamma: int = 4
     prompts: int = 8
     prompt_tokens: int = 64
@@ -271,12 +275,15 @@ def run_benchmark(config: BenchConfig, progress: Progress | None = None) -> dict
         draft = LoadedModel.load(ModelSettings(config.draft, draft_kernels=True))  # as the draft service runs it
         check_same_vocabulary(target.identity, draft.identity)
         torch.set_num_threads(config.all_cores_threads)  # unpinned: torch's worker threads may use every core
-        prompt_sets = benchmark_prompt_sets(target.tokenizer, config.prompts, config.prompt_tokens, config.seed)
+        prompt_sets = benchmark_prompt_sets(
+            target.tokenizer, config.prompts, config.prompt_tokens, config.seed, config.prompt_set
+        )
+        primary = next(iter(prompt_sets))  # the headline's set
         for set_name, prompt_set in prompt_sets.items():
             lengths = [len(ids) for ids in prompt_set.token_ids]
             progress(f"{set_name}: {len(lengths)} prompts of {min(lengths)}-{max(lengths)} tokens ({prompt_set.kind})")
         step_times, c_by_contender = measure_steps(
-            target, draft, prompt_sets["code"].token_ids[0], config, cores, progress
+            target, draft, prompt_sets[primary].token_ids[0], config, cores, progress
         )
 
         stack, addresses = start_stack(config.target, config.draft, config.threads, pins, progress)
@@ -304,9 +311,9 @@ def run_benchmark(config: BenchConfig, progress: Progress | None = None) -> dict
             for set_name, by_label in measurements.items()
         }
         by_set = {set_name: figures(summaries[set_name], config.gamma, c_by_contender) for set_name in summaries}
-        report_figures = by_set["code"]
+        report_figures = by_set[primary]
         baseline = report_figures["target_only"]["greedy"]["tokens_per_s"]
-        sweep_prompts = prompt_sets["code"].token_ids[: config.sweep_prompts]
+        sweep_prompts = prompt_sets[primary].token_ids[: config.sweep_prompts]
         sweep_points, sweep_outputs = gamma_sweep(
             contender_set, sweep_prompts, baseline, c_by_contender, config, progress
         )
@@ -316,7 +323,7 @@ def run_benchmark(config: BenchConfig, progress: Progress | None = None) -> dict
         stop_stack(stack)
         torch.set_num_threads(previous_threads)
 
-    checks, greedy_ids = agreement_checks(measurements, sweep_outputs)
+    checks, greedy_ids = agreement_checks(measurements, sweep_outputs, primary)
     machine.update(
         load_average_end=list(os.getloadavg()),
         wall_s=round(progress.elapsed_s, 1),
@@ -324,7 +331,7 @@ def run_benchmark(config: BenchConfig, progress: Progress | None = None) -> dict
     )
     report = {
         "schema_version": SCHEMA_VERSION,
-        "headline": headline({set_name: f["tokens_per_s"] for set_name, f in by_set.items()}),
+        "headline": headline({set_name: f["tokens_per_s"] for set_name, f in by_set.items()}, primary),
         "headline_temperature": HEADLINE,
         "ratios": report_figures["ratios"][HEADLINE],
         "efficiency": report_figures["efficiency"][HEADLINE],
@@ -338,7 +345,7 @@ def run_benchmark(config: BenchConfig, progress: Progress | None = None) -> dict
         "overlapped_ceiling": report_figures["overlapped_ceiling"],
         "ratios_by_temperature": report_figures["ratios"],
         "efficiency_by_temperature": report_figures["efficiency"],
-        "contenders": summaries["code"],
+        "contenders": summaries[primary],
         "prompt_sets": {
             set_name: {
                 "tokens_per_s": f["tokens_per_s"],
@@ -359,7 +366,7 @@ def run_benchmark(config: BenchConfig, progress: Progress | None = None) -> dict
             "points": sweep_points,
         },
         "checks": checks,
-        "greedy_token_ids": greedy_ids["code"],
+        "greedy_token_ids": greedy_ids[primary],
         "greedy_token_ids_grounded": greedy_ids.get("grounded", {}),
         "prompts": {
             set_name: {
@@ -396,8 +403,12 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.speedup", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    p.add_argument(
+        "--pair", choices=PAIR_NAMES, help="a pair and its prompt set: demo (code prompts) or smollm2 (chat prompts)"
+    )
     p.add_argument("--target", default=defaults.target, help="target model directory (default: the demo target)")
     p.add_argument("--draft", default=defaults.draft, help="draft model directory (default: the demo draft)")
+    p.add_argument("--prompt-set", choices=("code", "chat"), default=defaults.prompt_set, help="prompts for --target")
     p.add_argument(
         "--quick",
         action="store_true",
@@ -428,9 +439,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    pair = model_pair(args.pair) if args.pair else None
     config = BenchConfig(
-        target=args.target,
-        draft=args.draft,
+        target=pair.target if pair else args.target,
+        draft=pair.draft if pair else args.draft,
+        prompt_set=pair.prompt_set if pair else args.prompt_set,
         gamma=args.gamma,
         repetitions=args.repetitions,
         threads=args.threads,
@@ -454,7 +467,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser().parse_args(argv)
     config = config_from_args(args)
     for side in ("target", "draft"):
-        if not pathlib.Path(getattr(config, side)).is_dir():
+        if not pathlib.Path(getattr(config, side)).exists():
             parser().error(
                 f"--{side} {getattr(config, side)} is not a directory "
                 "(train the demo pair with `python -m demo_pair.train all`, or pass a pair)"

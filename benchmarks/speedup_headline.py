@@ -56,16 +56,16 @@ def ratios(tokens_per_s: dict[str, float]) -> dict[str, dict]:
     return out
 
 
-def headline(tokens_per_s_by_set: dict[str, dict[str, dict[str, float]]]) -> dict:
+def headline(tokens_per_s_by_set: dict[str, dict[str, dict[str, float]]], top_set: str = HEADLINE_PROMPT_SET) -> dict:
     """prompt set -> temperature -> contender -> tokens/s, into the report's `headline` object:
-    `headline[temperature][prompt_set][key]`, and the greedy code figures at the top."""
+    `headline[temperature][prompt_set][key]`, and the greedy figures of `top_set` at the top."""
     by_temperature: dict[str, dict[str, dict]] = {}
     for prompt_set, by_label in tokens_per_s_by_set.items():
         for label, tokens_per_s in by_label.items():
             by_temperature.setdefault(label, {})[prompt_set] = ratios(tokens_per_s)
-    top = by_temperature[HEADLINE_TEMPERATURE][HEADLINE_PROMPT_SET]
+    top = by_temperature[HEADLINE_TEMPERATURE][top_set]
     return {
-        "prompt_set": HEADLINE_PROMPT_SET,
+        "prompt_set": top_set,
         "temperature": HEADLINE_TEMPERATURE,
         **top,
         "floors": FLOORS,

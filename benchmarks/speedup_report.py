@@ -205,7 +205,8 @@ def plot(report: dict, path: pathlib.Path) -> pathlib.Path:
     config = report["config"]
     figure.suptitle(
         f"{pathlib.Path(config['target']).name} / {pathlib.Path(config['draft']).name}, "
-        f"{config['threads']} thread(s) per core group, {config['prompts']} code prompts × "
+        f"{config['threads']} thread(s) per core group, {config['prompts']} {config.get('prompt_set', 'code')} "
+        "prompts × "
         f"{config['max_new_tokens']} new tokens"
     )
     figure.tight_layout()
@@ -224,14 +225,16 @@ def first_mismatches(reference: Sequence[Sequence[int]], other: Sequence[Sequenc
     return found
 
 
-def agreement_checks(measurements: dict, sweep_outputs: dict[str, list[list[int]]]) -> tuple[dict, dict]:
-    """From prompt set -> temperature -> contender -> Measurement: the greedy completions by prompt set (code
-    with the γ sweep's), and whether every contender's greedy completions equal the project's plain loop's and
-    the project's three speculative paths sample alike at temperature 1, on each prompt set."""
+def agreement_checks(
+    measurements: dict, sweep_outputs: dict[str, list[list[int]]], primary: str = "code"
+) -> tuple[dict, dict]:
+    """From prompt set -> temperature -> contender -> Measurement: the greedy completions by prompt set (the
+    primary set's with the γ sweep's), and whether every contender's greedy completions equal the project's plain
+    loop's and the project's three speculative paths sample alike at temperature 1, on each prompt set."""
     greedy_ids, mismatches, sampled_alike = {}, {}, True
     for set_name, by_label in measurements.items():
         ids = {name: by_label["greedy"][name].token_ids for name in CONTENDERS}
-        greedy_ids[set_name] = {**ids, **sweep_outputs} if set_name == "code" else ids
+        greedy_ids[set_name] = {**ids, **sweep_outputs} if set_name == primary else ids
         reference = greedy_ids[set_name]["own_target_only"]
         mismatches[set_name] = {
             name: found for name, other in greedy_ids[set_name].items() if (found := first_mismatches(reference, other))
@@ -240,7 +243,7 @@ def agreement_checks(measurements: dict, sweep_outputs: dict[str, list[list[int]
         sampled_alike = sampled_alike and all(ids == sampled[0] for ids in sampled)
     checks = {
         "greedy_outputs_identical": not any(mismatches.values()),
-        "greedy_mismatches": mismatches["code"],
+        "greedy_mismatches": mismatches[primary],
         "greedy_mismatches_grounded": mismatches.get("grounded", {}),
         "sampled_project_outputs_identical": sampled_alike,
     }

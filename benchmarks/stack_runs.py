@@ -41,6 +41,7 @@ class RequestRun:
     verify_ns: int
     predraft_guesses: int = 0
     wire_bytes: int = 0
+    sampling_ns: int = 0
 
     @property
     def hit_rate(self) -> float | None:
@@ -65,6 +66,7 @@ def timed_generate(client: Client, prompt: str | Sequence[int], **kwargs) -> Req
         stats.verify_ns,
         stats.predraft_guesses,
         stats.wire_bytes,
+        stats.sampling_ns,
     )
 
 

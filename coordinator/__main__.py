@@ -8,9 +8,11 @@ import logging
 import sys
 from collections.abc import Callable
 
+import grpc
 from transformers import AutoTokenizer, GenerationConfig
 
 from coordinator.background_tasks import BackgroundTasks
+from coordinator.certificate_watch import follow_replica_certificates
 from coordinator.replica_discovery import ReplicaDiscovery
 from coordinator.replica_targets import DnsResolver, ReplicaTargets
 from coordinator.replicas import Replica, ReplicaPool
@@ -20,9 +22,11 @@ from coordinator.servicer import CoordinatorServicer
 from coordinator.settings import CoordinatorSettings
 from specdec.common.settings import parse_settings
 from specdec.engine.cpu_affinity import pin_cpus
+from specdec.engine.gguf_checkpoint import resolve_model
 from specdec.engine.model_runtime import VocabularyIdentity, check_same_vocabulary, tokenizer_sha256
+from specdec.serving.grpc_options import connection_age_options
 from specdec.serving.server import RunningServer, configure_logging, start_server, wait_for_termination
-from specdec.serving.tls import channel_credentials, server_credentials, server_name_options
+from specdec.serving.tls import client_certificates, server_credentials, server_name_options
 from specdec.telemetry import start_telemetry
 from specdec.v1 import coordinator_pb2, coordinator_pb2_grpc, drafter_pb2_grpc, verifier_pb2_grpc
 
@@ -74,15 +78,16 @@ def joining_check(identity: VocabularyIdentity, vocab_size: int, max_context_tok
     return check
 
 
-async def build_servicer(settings: CoordinatorSettings) -> tuple[CoordinatorServicer, list[ReplicaDiscovery]]:
-    """The servicer on ready replicas, and the discovery of each pool named by dns:/// entries (not started)."""
+async def build_servicer(
+    settings: CoordinatorSettings, replica_credentials: grpc.ChannelCredentials | None
+) -> tuple[CoordinatorServicer, list[ReplicaDiscovery]]:
+    """The servicer on ready replicas, and the discovery of each pool named by dns:/// entries (not started).
+    replica_credentials: TLS to the replicas (None: plaintext)."""
     if not 0 <= settings.predraft_guesses <= MAX_RANKED_ALTERNATIVES:
         raise ValueError(f"predraft_guesses must be in [0, {MAX_RANKED_ALTERNATIVES}], got {settings.predraft_guesses}")
-    tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer)
-    security = dict(
-        credentials=channel_credentials(settings.replica_tls_ca, settings.replica_tls_cert, settings.replica_tls_key),
-        options=server_name_options(settings.replica_tls_server_name),
-    )  # TLS to the replicas, if set
+    tokenizer_source = resolve_model(settings.tokenizer, settings.gguf_file)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
+    security = dict(credentials=replica_credentials, options=server_name_options(settings.replica_tls_server_name))
     resolver = DnsResolver(settings.dns_nameserver)
     draft_targets = ReplicaTargets("draft", settings.draft_replicas, resolver)
     verify_targets = ReplicaTargets("verify", settings.verify_replicas, resolver)
@@ -100,7 +105,7 @@ async def build_servicer(settings: CoordinatorSettings) -> tuple[CoordinatorServ
     servicer = CoordinatorServicer(
         settings,
         tokenizer,
-        eos_token_ids(settings.tokenizer, tokenizer),
+        eos_token_ids(tokenizer_source, tokenizer),
         vocab_size,
         draft_pool,
         verify_pool,
@@ -116,17 +121,18 @@ async def build_servicer(settings: CoordinatorSettings) -> tuple[CoordinatorServ
 
 
 def follow_verify_health(running: RunningServer, verify_pool: ReplicaPool) -> None:
-    """The coordinator's grpc.health.v1 status follows its verify replicas: NOT_SERVING while none is in placement
-    (every request would fail), SERVING again once one is back; a draining coordinator stays NOT_SERVING."""
+    """The coordinator's readiness follows its verify replicas: NOT_SERVING while none is in placement (every
+    request would fail), SERVING again once one is back; its liveness never does (unready, not dead: restarting
+    it would not bring a verifier back). A draining coordinator stays NOT_SERVING."""
     updates = BackgroundTasks()
 
     async def update() -> None:
         if not running.stop_requested.is_set():
             serving = verify_pool.any_healthy
-            await running.set_serving(serving)
+            await running.health.set_ready(serving)
             log.log(
                 logging.INFO if serving else logging.WARNING,
-                "health: %s (%d of %d verify replicas healthy)",
+                "readiness: %s (%d of %d verify replicas healthy)",
                 "SERVING" if serving else "NOT_SERVING",
                 sum(r.healthy for r in verify_pool.replicas),
                 len(verify_pool.replicas),
@@ -138,7 +144,8 @@ def follow_verify_health(running: RunningServer, verify_pool: ReplicaPool) -> No
 async def serve(settings: CoordinatorSettings) -> None:
     start_telemetry("coordinator", settings)
     credentials = server_credentials(settings)  # TLS on the client-facing port, if set (fails early on bad files)
-    servicer, discoveries = await build_servicer(settings)
+    replica_tls = client_certificates(settings.replica_tls_ca, settings.replica_tls_cert, settings.replica_tls_key)
+    servicer, discoveries = await build_servicer(settings, replica_tls.current)
     running = await start_server(
         settings.address,
         lambda s: coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, s),
@@ -146,12 +153,16 @@ async def serve(settings: CoordinatorSettings) -> None:
         interceptors=servicer.guard.interceptors(),
         credentials=credentials,
         health_port=settings.health_port,
+        options=connection_age_options(settings.max_connection_age_s, settings.max_connection_age_grace_s),
     )
     follow_verify_health(running, servicer.verify_pool)
     for discovery in discoveries:  # after the health hook, so replicas joining or leaving move the health too
         discovery.start()
+    pools = [servicer.draft_pool, servicer.verify_pool]
+    certificates = asyncio.ensure_future(follow_replica_certificates(replica_tls, pools, settings.call_timeout_s))
     print(f"coordinator listening on port {running.port}", flush=True)
     await wait_for_termination(running, settings.grace_s)
+    certificates.cancel()
     await asyncio.gather(*(discovery.stop() for discovery in discoveries))
     await servicer.guard.close()
 

@@ -33,7 +33,7 @@ from coordinator.round_calls import RoundCalls
 from coordinator.session_moves import Placement, SessionMoves
 from coordinator.speculation_gate import SpeculationGate
 from coordinator.speculation_policy import AcceptanceRate, RoundTimes
-from coordinator.text_stream import Chunk, TextStream
+from coordinator.text_stream import CONSTRAINT_DEAD_END, Chunk, TextStream
 from specdec.v1 import verifier_pb2
 
 
@@ -162,7 +162,9 @@ class Generation:
             self.state.verdicts.observe(drafted, block.alternatives, accepted, verdict.next_token_id)
             self.state.metrics.round_committed(drafted, accepted)
             self.sizing.observe_verdict(drafted, accepted)
-            committed.extend([*verdict.accepted_token_ids, verdict.next_token_id])
+            dead_end = verdict.constraint_dead_end  # the constraint allows nothing more: the request ends
+            tokens = [*verdict.accepted_token_ids, *([] if dead_end else [verdict.next_token_id])]
+            committed.extend(tokens)
             if self.gate is not None:
-                self.gate.committed(accepted + 1)
-            return self.text.add([*verdict.accepted_token_ids, verdict.next_token_id])
+                self.gate.committed(len(tokens))
+            return self.text.add(tokens, ended=CONSTRAINT_DEAD_END if dead_end else None)

@@ -29,7 +29,7 @@ from specdec.common.errors import (
     ReplicaUnreachableError,
     SpecDecError,
 )
-from specdec.serving.wire import SAMPLING_RULE_ENUMS, sampling_to_proto
+from specdec.serving.wire import SAMPLING_RULE_ENUMS, constraint_to_proto, sampling_to_proto
 from specdec.v1 import common_pb2, drafter_pb2, verifier_pb2
 
 log = logging.getLogger(__name__)
@@ -87,21 +87,22 @@ class ReplicaSessions:
                 raise
 
     def _open_request(self, lane: str):
-        """The OpenSession request of the verify or draft session, on every token committed so far."""
+        """The OpenSession request of the verify or draft session, on every token committed so far (the output, which
+        the constraint and the penalties cover, still begins where the request's does)."""
         plan = self.state.plan
-        sampling, rule = sampling_to_proto(plan.params), SAMPLING_RULE_ENUMS[plan.params.rule]
         tokens = list(self.state.committed)
-        if lane == "verify":
-            return verifier_pb2.OpenVerifySessionRequest(
-                session_id=plan.request_id, prompt_token_ids=tokens, sampling=sampling, sampling_rule=rule
-            )
-        return drafter_pb2.OpenDraftSessionRequest(
+        fields = dict(
             session_id=plan.request_id,
             prompt_token_ids=tokens,
-            sampling=sampling,
-            draft_method=plan.draft_method,
-            num_lanes=len(self.state.lanes),
-            sampling_rule=rule,
+            sampling=sampling_to_proto(plan.params),
+            sampling_rule=SAMPLING_RULE_ENUMS[plan.params.rule],
+            constraint=constraint_to_proto(plan.constraint),
+            output_start=plan.output_start or len(plan.prompt_ids),
+        )
+        if lane == "verify":
+            return verifier_pb2.OpenVerifySessionRequest(**fields)
+        return drafter_pb2.OpenDraftSessionRequest(
+            **fields, draft_method=plan.draft_method, num_lanes=len(self.state.lanes)
         )
 
     async def _open(self, replica: Replica, lane: str, parent: Context | None = None) -> None:

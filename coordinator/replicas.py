@@ -49,6 +49,11 @@ class Replica(Generic[StubT]):
         return self.retired and self.active_sessions == 0 and self.pending_closes == 0
 
 
+def health_check(replica: Replica, timeout_s: float) -> grpc.aio.UnaryUnaryCall:
+    """The replica's readiness, over its channel of the moment (ReplicaPool.renew_channels replaces it)."""
+    return health_pb2_grpc.HealthStub(replica.channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+
+
 class ReplicaPool(Generic[StubT]):
     """Spreads sessions over replicas by load (fewest active sessions); a session stays on its replica.
     Channels use TLS when given credentials (specdec/serving/tls.py). Replicas join and retire while it serves
@@ -76,6 +81,18 @@ class ReplicaPool(Generic[StubT]):
         """A replica with its channel open, not yet in placement (see join)."""
         channel = open_aio_channel(address, self._credentials, self._options, interceptors=trace_context_interceptors())
         return Replica(address, channel, self._make_stub(channel))
+
+    def renew_channels(self, credentials: grpc.ChannelCredentials | None, grace_s: float) -> None:
+        """New client credentials (a renewed certificate, another CA): every replica in placement gets a new
+        channel with them, which its next calls use; calls already on the old channel get grace_s to finish
+        before it closes. Retired replicas finish on their old channels."""
+        self._credentials = credentials
+        for replica in self.replicas:
+            old = replica.channel
+            replica.channel = self.open(replica.address).channel
+            replica.stub = self._make_stub(replica.channel)
+            self._tasks.start(old.close(grace_s))
+        log.info("%s replicas: %d channels reopened with renewed TLS credentials", self.kind, len(self.replicas))
 
     def acquire(self, required: bool = True) -> Replica[StubT] | None:
         """The least-loaded healthy replica (counting every coordinator's sessions), counted as holding one more
@@ -151,13 +168,12 @@ class ReplicaPool(Generic[StubT]):
         self._tasks.start(self._probe(replica, probe_interval_s))
 
     async def _probe(self, replica: Replica[StubT], interval_s: float) -> None:
-        health = health_pb2_grpc.HealthStub(replica.channel)
         while not replica.healthy:
             await asyncio.sleep(interval_s)
             if replica.retired:
                 return
             try:
-                reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=interval_s)
+                reply = await health_check(replica, timeout_s=interval_s)
                 replica.healthy = reply.status == health_pb2.HealthCheckResponse.SERVING
             except grpc.aio.AioRpcError:
                 continue
@@ -173,10 +189,9 @@ class ReplicaPool(Generic[StubT]):
         DownstreamUnavailableError."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        health = health_pb2_grpc.HealthStub(replica.channel)
         while True:
             try:
-                reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+                reply = await health_check(replica, timeout_s=5)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     replica.info = await replica.stub.Info(common_pb2.InfoRequest(), timeout=5)
                     replica.load = PassLoad(

@@ -252,6 +252,7 @@ class GuardedRequest:
                 plan,
                 prompt_ids=[*plan.prompt_ids, *entry.token_ids],
                 max_new_tokens=remaining,
+                output_start=plan.output_start or len(plan.prompt_ids),  # constraints and penalties cover the journaled
             )
         elif entry.state == "resume" and entry.token_ids:  # the whole budget is journaled: nothing left to run
             self.replay = coordinator_pb2.GenerateStreamResponse(

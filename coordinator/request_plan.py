@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdec.sampling.constraints import ConstraintSpec
 from specdec.sampling.rules import SamplingParams
 
 MAX_DRAFT_LANES = 16  # lanes one request may hold on a drafter (its default max_lanes); the least likely guesses go
@@ -27,6 +28,8 @@ class GenerationPlan:
     lookup_tokens: int = (
         0  # greedy: lookup tokens a block may try after its drafted ones (specdec/sampling/prompt_lookup.py)
     )
+    constraint: ConstraintSpec | None = None  # what the output must be (specdec/sampling/constraints.py)
+    output_start: int = 0  # where the output begins in prompt_ids (0: at its end; a resumed request's is earlier)
 
     @property
     def rejection_guesses(self) -> int:

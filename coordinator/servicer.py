@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 from transformers import PreTrainedTokenizerBase
 
+from coordinator.constraint_check import ConstraintCheck
 from coordinator.generation import Generation
 from coordinator.read_ahead import read_ahead
 from coordinator.replicas import ReplicaPool
@@ -21,6 +22,7 @@ from coordinator.speculation_gate import SpeculationGate
 from coordinator.speculation_policy import AcceptanceRate, RoundTimes
 from coordinator.validation import plan_request
 from specdec.common.errors import ReplicaUnreachableError
+from specdec.sampling.constraints import ConstraintCompiler
 from specdec.serving.wire import SAMPLING_RULE_ENUMS, call_deadline
 from specdec.telemetry.metrics import speculation_metrics
 from specdec.v1 import coordinator_pb2, coordinator_pb2_grpc
@@ -32,6 +34,7 @@ FINISH_REASONS = {
     "length": coordinator_pb2.FINISH_REASON_LENGTH,
     "stop": coordinator_pb2.FINISH_REASON_STOP,
     "eos": coordinator_pb2.FINISH_REASON_EOS,
+    "constraint_dead_end": coordinator_pb2.FINISH_REASON_CONSTRAINT_DEAD_END,
 }
 
 
@@ -88,6 +91,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self.vocab_size = vocab_size
         self.draft_pool = draft_pool
         self.verify_pool = verify_pool
+        self.constraints = ConstraintCheck(
+            ConstraintCompiler(tokenizer, vocab_size, eos_token_ids, settings.constraint_limits())
+        )
         self.guard = guard or RequestGuard(settings)  # limits; with Redis also rate limits, journal, leases
         self.acceptance = AcceptanceRate() if settings.adaptive_gamma else None  # None: every round uses plan.gamma
         self.round_times = RoundTimes() if settings.adaptive_gamma else None
@@ -103,6 +109,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     ) -> AsyncIterator[coordinator_pb2.GenerateStreamResponse]:
         telemetry = RequestTelemetry()  # TTFT counts from here
         plan = plan_request(request, self.settings, self.tokenizer, self.vocab_size)
+        if plan.constraint is not None:  # an invalid one fails here, before it takes a session anywhere
+            await self.constraints.check(plan.constraint)
         async with self.guard.admit(request, plan) as guarded:  # coordinator/request_guard.py
             # the rounds run ahead of the journal and client writes of their chunks (coordinator/read_ahead.py)
             replies = guarded.replies(read_ahead(self._generate(request, guarded, telemetry, deadline)))

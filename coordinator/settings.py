@@ -7,12 +7,13 @@ from dataclasses import dataclass
 from specdec.common.settings import setting
 from specdec.engine.cpu_affinity import CpuAffinitySettings
 from specdec.engine.embedded_pair import DEMO_TARGET_DIR
+from specdec.sampling.constraints import ConstraintSettings
 from specdec.sampling.rules import SamplingRule
 from specdec.serving.tls import ServerTlsSettings
 
 
 @dataclass(frozen=True)
-class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
+class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings, ConstraintSettings):
     """Everything the coordinator reads at start-up (tls_cert/tls_key/tls_client_ca: the client-facing port)."""
 
     address: str = setting("[::]:50051", "host:port of the client-facing gRPC API (port 0 picks a free port)")
@@ -30,7 +31,8 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
     dns_nameserver: str = setting(
         "", "HOST:PORT of a DNS server to ask for dns:/// entries (empty: the system's resolver, /etc/hosts first)"
     )
-    tokenizer: str = setting(str(DEMO_TARGET_DIR), "tokenizer directory or hub id (the target's)")
+    tokenizer: str = setting(str(DEMO_TARGET_DIR), "tokenizer directory, hub id or GGUF file (the target's)")
+    gguf_file: str = setting("", "a GGUF file inside the --tokenizer directory to take the tokenizer from")
     default_num_speculative_tokens: int = setting(4, "γ for requests that do not set num_speculative_tokens")
     max_num_speculative_tokens: int = setting(16, "largest γ a request may ask for")
     max_new_tokens_limit: int = setting(1024, "largest max_new_tokens a request may ask for")
@@ -96,6 +98,14 @@ class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings):
     )
     startup_timeout_s: float = setting(300.0, "how long to wait for the replicas to come up")
     grace_s: float = setting(10.0, "seconds in-flight requests get to finish after SIGTERM")
+    max_connection_age_s: float = setting(
+        0.0,
+        "a client's connection is asked to close (HTTP/2 GOAWAY) after this long, so clients reconnect and "
+        "resolve the coordinators again: replicas an autoscaler added get traffic (0 = never)",
+    )
+    max_connection_age_grace_s: float = setting(
+        600.0, "calls still running on a connection asked to close get this long before they are cancelled"
+    )
     # Redis: API keys, rate limits, the request journal, the session registry (coordinator/request_guard.py).
     redis_url: str = setting(
         "",

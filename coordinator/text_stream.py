@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from transformers import PreTrainedTokenizerBase
 
 REPLACEMENT_CHAR = "\ufffd"
+CONSTRAINT_DEAD_END = "constraint_dead_end"  # the finish reason of a request whose constraint allows no next token
 
 
 @dataclass
@@ -16,7 +17,7 @@ class Chunk:
 
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None  # "length", "stop", "eos" on the last chunk
+    finish_reason: str | None = None  # "length", "stop", "eos", CONSTRAINT_DEAD_END on the last chunk
 
 
 @dataclass
@@ -32,8 +33,9 @@ class TextStream:
     emitted_chars: int = 0
     finish_reason: str | None = None
 
-    def add(self, new_token_ids: Sequence[int]) -> Chunk:
-        """Takes one round's committed tokens; tokens past a stop condition are dropped."""
+    def add(self, new_token_ids: Sequence[int], ended: str | None = None) -> Chunk:
+        """Takes one round's committed tokens; tokens past a stop condition are dropped. `ended`: the reason the
+        request ends after them, unless a stop condition among them came first."""
         accepted: list[int] = []
         for token in new_token_ids:
             if self.finish_reason:
@@ -46,6 +48,7 @@ class TextStream:
                 self.finish_reason = "stop"
             if not self.finish_reason and len(self.token_ids) >= self.max_new_tokens:
                 self.finish_reason = "length"
+        self.finish_reason = self.finish_reason or ended
         return Chunk(self._take_text(), accepted, self.finish_reason)
 
     def _text(self) -> str:

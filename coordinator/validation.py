@@ -13,7 +13,7 @@ from coordinator.request_plan import GenerationPlan
 from coordinator.settings import CoordinatorSettings
 from specdec.common.errors import InvalidFieldError
 from specdec.sampling.rules import SamplingRule
-from specdec.serving.wire import check_token_ids, sampling_from_proto
+from specdec.serving.wire import check_token_ids, constraint_from_proto, sampling_from_proto
 from specdec.v1 import common_pb2, coordinator_pb2
 
 MAX_STOP_STRINGS = 16
@@ -79,6 +79,7 @@ def plan_request(
     rule = SamplingRule.COUPLED if request.sampling.HasField("seed") else settings.unseeded_sampling_rule
     params = dataclasses.replace(params, rule=rule)
     return GenerationPlan(
+        constraint=constraint_from_proto(request.constraint),
         request_id=request.request_id or uuid.uuid4().hex,
         prompt_ids=list(prompt_ids),
         max_new_tokens=request.max_new_tokens,

@@ -58,8 +58,10 @@ def measure_acceptance(
     temperature: float,
     max_new_tokens: int,
     label: str,
+    completions: list[list[int]] | None = None,
 ) -> dict:
-    """α and the per-position acceptance over every round of every prompt (seed i for prompt i)."""
+    """α and the per-position acceptance over every round of every prompt (seed i for prompt i); each completion
+    is appended to `completions` when given."""
     total = SpeculationStats()
     generated = 0
     started = time.perf_counter()
@@ -78,6 +80,8 @@ def measure_acceptance(
             total.drafted_per_position[position] += drafted
             total.accepted_per_position[position] += accepted
         generated += len(result.token_ids)
+        if completions is not None:
+            completions.append(result.token_ids)
         print(
             f"[{label}] prompt {i + 1}/{len(prompts)}: α so far {total.acceptance_rate:.3f} "
             f"({total.accepted}/{total.drafted}), {time.perf_counter() - started:.0f}s",

@@ -48,9 +48,8 @@ async def serve(settings: DraftSettings) -> None:
             credentials=server_credentials(settings),
             health_port=settings.health_port,
         )
-        if isinstance(model, ModelProcess):  # gone: its passes fail UNAVAILABLE, health NOT_SERVING
-            loop = asyncio.get_running_loop()
-            model.on_exit(lambda code: asyncio.run_coroutine_threadsafe(running.set_serving(False), loop))
+        if isinstance(model, ModelProcess):  # gone: its passes fail UNAVAILABLE, health NOT_SERVING for good
+            model.on_exit(lambda code: running.end_health_from_thread(f"the model process exited ({code})"))
         print(f"draft service listening on port {running.port}", flush=True)
         await wait_for_termination(running, settings.grace_s, servicer.drain)
     finally:

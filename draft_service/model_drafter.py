@@ -10,15 +10,19 @@ from specdec.decoding.drafting import draft_with_model
 from specdec.engine.kv.session import KVSession
 from specdec.engine.model_runtime import LoadedModel
 from specdec.sampling.rules import SamplingParams
+from specdec.sampling.sequence_rules import SequenceRules
 
 
 class ModelDraftSession:
     """A DraftSession backed by a draft model's KV cache (prefilled by its first forward, or by the caller
     running `session.plan_prefill()` batched with other sessions')."""
 
-    def __init__(self, model: LoadedModel, prompt_ids: Sequence[int], params: SamplingParams):
+    def __init__(
+        self, model: LoadedModel, prompt_ids: Sequence[int], params: SamplingParams, rules: SequenceRules | None = None
+    ):
         self.session = KVSession(model, prompt_ids)
         self.params = params
+        self.rules = rules  # penalties, min_p, a constraint: its drafts follow them too
 
     def __len__(self) -> int:
         return len(self.session)
@@ -30,6 +34,7 @@ class ModelDraftSession:
     def fork(self) -> ModelDraftSession:
         twin = copy.copy(self)
         twin.session = self.session.fork()
+        twin.rules = self.rules.fork() if self.rules else None
         return twin
 
     def truncate(self, length: int) -> None:
@@ -59,5 +64,5 @@ class ModelDraftSession:
         self.session.append(token_ids)
 
     def propose(self, num_tokens: int) -> Proposal:
-        drafted = draft_with_model(self.session, num_tokens, self.params)
+        drafted = draft_with_model(self.session, num_tokens, self.params, rules=self.rules)
         return Proposal(drafted.token_ids, drafted.probs)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from draft_service.drafter import Proposal
+from specdec.sampling.sequence_rules import SequenceRules
 
 
 @dataclass(frozen=True)
@@ -34,9 +35,10 @@ class NgramDraftSession:
     the one before it is its most recent earlier occurrence.
     """
 
-    def __init__(self, prompt_ids: Sequence[int], settings: NgramSettings) -> None:
+    def __init__(self, prompt_ids: Sequence[int], settings: NgramSettings, rules: SequenceRules | None = None) -> None:
         settings.validate()
         self._settings = settings
+        self._rules = rules  # with a constraint, a proposal ends before its first token the constraint refuses
         self._tokens: list[int] = []
         self._index: dict[tuple[int, ...], list[int]] = {}
         self.append(prompt_ids)
@@ -50,7 +52,7 @@ class NgramDraftSession:
         return 0
 
     def fork(self) -> NgramDraftSession:
-        return NgramDraftSession(self._tokens, self._settings)
+        return NgramDraftSession(self._tokens, self._settings, self._rules.fork() if self._rules else None)
 
     @property
     def token_ids(self) -> list[int]:
@@ -94,6 +96,9 @@ class NgramDraftSession:
             if len(ends) >= 2:
                 start = ends[-2]
                 proposed = self._tokens[start : start + limit]
+                if self._rules is not None and self._rules.cursor is not None:
+                    generated = self._tokens[self._rules.output_start :]
+                    proposed = proposed[: self._rules.cursor.allowed_prefix(generated, proposed)]
                 self.append(proposed)
                 return Proposal(proposed, None)
         return Proposal([], None)

@@ -17,7 +17,9 @@ from specdec.engine.kv.session import run_forwards
 from specdec.engine.model_runtime import LoadedModel
 from specdec.engine.step_batcher import JoiningStep, only_result, run_joining
 from specdec.engine.step_cost import calibrate
+from specdec.sampling.constraints import ConstraintCompiler, ConstraintSpec
 from specdec.sampling.rules import SamplingParams
+from specdec.sampling.sequence_rules import session_rules
 from specdec.serving.session_store import SessionStore
 
 MODEL, NGRAM = "model", "ngram"
@@ -88,6 +90,12 @@ class DraftService:
         )
         # What one batched draft position costs (one token per session), for the coordinator's policy.
         self.step_cost = calibrate(model, one_token_rows=True) if model is not None else None
+        # Constraints need the tokenizer: a model-free drafter without one proposes without them.
+        self.constraints = (
+            ConstraintCompiler(model.tokenizer, vocab_size, model.eos_token_ids, settings.constraint_limits())
+            if model is not None
+            else None
+        )
 
     @property
     def max_tokens_per_lane(self) -> int:
@@ -101,21 +109,30 @@ class DraftService:
         return [MODEL, NGRAM] if self.model is not None else [NGRAM]
 
     def open(
-        self, session_id: str, prompt_ids: Sequence[int], params: SamplingParams, method: str | None, num_lanes: int = 1
+        self,
+        session_id: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        method: str | None,
+        num_lanes: int = 1,
+        constraint: ConstraintSpec | None = None,
+        output_start: int = 0,
     ) -> int:
-        """Opens and prefills a session (every lane); returns the prefill time in ns."""
-        return only_result(self.open_many([(session_id, prompt_ids, params, method, num_lanes)]))
+        """Opens and prefills a session (every lane); returns the prefill time in ns. The constraint and the penalties
+        cover the tokens from output_start (0: the prompt's end)."""
+        opened = (session_id, prompt_ids, params, method, num_lanes, constraint, output_start)
+        return only_result(self.open_many([opened]))
 
-    def open_many(
-        self, opens: Sequence[tuple[str, Sequence[int], SamplingParams, str | None, int]]
-    ) -> list[int | Exception]:
-        """Opens sessions, prefilling the model ones in one pass, then copying lane 0 into the other lanes; per open
-        the prefill time in ns, or its error."""
+    def open_many(self, opens: Sequence[tuple]) -> list[int | Exception]:
+        """Opens sessions (session_id, prompt_ids, params, method, num_lanes[, constraint, output_start]), prefilling
+        the model ones in one pass, then copying lane 0 into the other lanes; per open the prefill time in ns, or its
+        error."""
         results: list[int | Exception | None] = [None] * len(opens)
         prefills = []
         forks: list[tuple[DraftLanes, int]] = []  # lanes still to add by copying lane 0 once it is prefilled
-        for index, (session_id, prompt_ids, params, method, num_lanes) in enumerate(opens):
+        for index, (session_id, prompt_ids, params, method, num_lanes, *output) in enumerate(opens):
             try:
+                rules = session_rules(self.constraints, params, len(prompt_ids), *output)
                 method = method or self.settings.default_draft_method
                 if method not in self.methods:
                     raise InvalidFieldError("draft_method", f"{method!r} is not served here (offered: {self.methods})")
@@ -123,11 +140,11 @@ class DraftService:
                     raise InvalidFieldError("num_lanes", f"{num_lanes} is out of range 1..{self.settings.max_lanes}")
                 self.sessions.reserve(session_id)
                 if method == MODEL:
-                    first: DraftSession = ModelDraftSession(self.model, prompt_ids, params)
+                    first: DraftSession = ModelDraftSession(self.model, prompt_ids, params, rules)
                     if (plan := first.session.plan_prefill()) is not None:
                         prefills.append(plan)
                 else:
-                    first = NgramDraftSession(prompt_ids, self.ngram_settings)
+                    first = NgramDraftSession(prompt_ids, self.ngram_settings, rules)
                 lanes = DraftLanes([first])
                 self.sessions.add(session_id, lanes)
                 forks.append((lanes, num_lanes - 1))
@@ -191,6 +208,7 @@ class DraftService:
                     lane.params,
                     proposal.num_alternatives,
                     proposal.num_lookup_tokens,
+                    lane.rules,
                 )
                 if outcome is not None:
                     drafted(index, slot, lane, outcome)

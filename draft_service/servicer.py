@@ -6,6 +6,7 @@ Propose calls join a running propose step before its next pass (--join-running-s
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from contextlib import nullcontext
 
@@ -17,6 +18,7 @@ from specdec.serving.session_store import expire_idle_sessions
 from specdec.serving.wire import (
     call_deadline,
     check_token_ids,
+    constraint_from_proto,
     kv_block_info,
     probs_to_proto,
     session_sampling_from_proto,
@@ -82,6 +84,9 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         method = METHOD_NAMES.get(request.draft_method, "unknown")
         lanes = max(request.num_lanes, 1)
         self.drain.refuse_if_draining()
+        constraint = constraint_from_proto(request.constraint)
+        if constraint is not None and self.service.constraints is not None:  # off the model thread, as the verifier
+            await asyncio.to_thread(self.service.constraints.compile, constraint)
         admission = self.admission
         holds_kv = admission is not None and (method or self.service.settings.default_draft_method) == MODEL
         admitted = (
@@ -94,7 +99,9 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             else nullcontext()
         )
         async with admitted:
-            prefill_ns = await self._batcher.submit("open", request.session_id, prompt, params, method, lanes)
+            prefill_ns = await self._batcher.submit(
+                "open", request.session_id, prompt, params, method, lanes, constraint, request.output_start
+            )
         return drafter_pb2.OpenDraftSessionResponse(session_len=len(prompt), prefill_ns=prefill_ns)
 
     async def Propose(self, request: drafter_pb2.ProposeRequest, context) -> drafter_pb2.ProposeResponse:

@@ -10,6 +10,7 @@ from specdec.engine.embedded_pair import DEMO_DRAFT_DIR
 from specdec.engine.execution_settings import ExecutionSettings
 from specdec.engine.kv.admission import KVCacheSettings
 from specdec.engine.step_batcher import StepBatchingSettings
+from specdec.sampling.constraints import ConstraintSettings
 from specdec.serving.session_store import SessionExpirySettings
 from specdec.serving.tls import ServerTlsSettings
 
@@ -22,11 +23,15 @@ class DraftSettings(
     CpuAffinitySettings,
     KVCacheSettings,
     ExecutionSettings,
+    ConstraintSettings,
 ):
     """Everything the draft service reads at start-up (tls_*: TLS, or mutual TLS with tls_client_ca, on its port)."""
 
     address: str = setting("[::]:50061", "host:port to serve gRPC on (port 0 picks a free port)")
-    model: str = setting(str(DEMO_DRAFT_DIR), "draft model directory or hub id; empty serves n-gram drafting only")
+    model: str = setting(
+        str(DEMO_DRAFT_DIR), "draft model directory, hub id or GGUF file; empty serves n-gram drafting only"
+    )
+    gguf_file: str = setting("", "a GGUF file in the --model directory to load (dequantized once, cached beside it)")
     vocab_size: int = setting(0, "vocabulary size when serving n-gram drafting without a model (the target's)")
     device: str = setting("cpu", "device for the draft model: cpu or cuda:N")
     dtype: str = setting("float32", "weight dtype: float32, bfloat16 or float16")

@@ -3,6 +3,7 @@
     python -m load_tests --address 127.0.0.1:50051                    # against a running coordinator
     python -m load_tests --start-stack --threads 1                     # start draft/verify/coordinator here
     python -m load_tests --start-stack --concurrency 1,2,4,8,16 --rates 0.5,1,2 --max-new-tokens 128
+    python -m load_tests --start-stack --pair smollm2 --prompt-sets chat  # SmolLM2 and its draft, chat questions
     python -m load_tests --start-stack --concurrency 16 --modes spec --repeats 3 --baseline-batching-off
                                                                        # vs the same stack, batching off
 
@@ -21,6 +22,7 @@ import ipaddress
 import pathlib
 import time
 
+from benchmarks.pairs import PAIR_NAMES, model_pair
 from load_tests.plots import plot_report
 from load_tests.prompts import PROMPT_SETS
 from load_tests.report import summary_text, write_csv, write_json
@@ -58,7 +60,10 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument("--start-stack", action="store_true", help="start draft, verify and coordinator on loopback")
     p.add_argument("--allow-remote", action="store_true", help="accept an --address that is not loopback")
     stack = p.add_argument_group("--start-stack")
-    stack.add_argument("--target", default=str(DEMO_TARGET_DIR), help="target model directory")
+    stack.add_argument(
+        "--pair", choices=PAIR_NAMES, help="demo, or smollm2 with --prompt-sets chat (sets --target and --draft)"
+    )
+    stack.add_argument("--target", default=str(DEMO_TARGET_DIR), help="target model directory or GGUF file")
     stack.add_argument("--draft", default=str(DEMO_DRAFT_DIR), help="draft model directory")
     stack.add_argument("--threads", type=int, default=1, help="CPU threads of each model service")
     stack.add_argument(
@@ -228,6 +233,10 @@ def run(args: argparse.Namespace, address: str, baseline_address: str | None = N
 def main(argv: list[str] | None = None) -> dict:
     """Runs the CLI; returns the report (for tests)."""
     args = parser().parse_args(argv)
+    if args.pair:
+        pair = model_pair(args.pair)
+        args.target, args.draft = pair.target, pair.draft
+        args.coordinator_arg = [*pair.coordinator_flags, *args.coordinator_arg]
     config_from_args(args)  # fail on bad flags before starting anything
     extra = baseline_args(args)
     if args.address:

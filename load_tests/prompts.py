@@ -1,4 +1,4 @@
-"""Prompt sets: held-out code, input-grounded rewrites, and tokenizer-free words for tiny test models.
+"""Prompt sets: held-out code, input-grounded rewrites, tokenizer-free words for tiny test models, and chat questions.
 
 Every set is deterministic for a seed, so the speculative and the plain runs of a level send the same
 prompts in the same order. Prompts are text (the coordinator tokenizes) except where noted.
@@ -141,10 +141,18 @@ def word_prompts(
     ]
 
 
+def chat_prompt_set(count: int, seed: int = 0) -> list[Prompt]:
+    """Held-out chat questions for a chat model, sent as `messages` (load_tests/chat_prompts.py)."""
+    from load_tests.chat_prompts import chat_prompts  # it builds on this module's Prompt
+
+    return chat_prompts(count, seed=seed)
+
+
 PROMPT_SETS: dict[str, Callable[..., list[Prompt]]] = {
     "code": code_prompts,
     "grounded": grounded_prompts,
     "words": word_prompts,
+    "chat": chat_prompt_set,
 }
 
 

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 
 import grpc
 
+from load_tests.chat_prompts import chat_messages
 from load_tests.generator import LoopOutcome, RequestResult, run_closed_loop, run_open_loop, timed_request
 from load_tests.prompts import Prompt, load_prompt_set
 from load_tests.report import BASELINE, STACK, build_report, progress_line, request_record, summarize_level
@@ -162,8 +163,10 @@ class Sweep:
 
     def _request(self, prompt: Prompt, mode: str, index: int, request_id: str):
         config = self.config
+        chat = prompt.set_name == "chat"  # a user message the coordinator renders with the model's template
         return build_request(
-            prompt.prompt,
+            None if chat else prompt.prompt,
+            messages=chat_messages(prompt) if chat else (),
             max_new_tokens=config.max_new_tokens,
             temperature=config.temperature,
             seed=config.seed + index,

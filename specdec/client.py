@@ -25,11 +25,14 @@ def build_request(
     request_id: str = "",
     draft_method: int = common_pb2.DRAFT_METHOD_UNSPECIFIED,
     messages: Sequence[Mapping[str, str]] = (),
+    constraint: common_pb2.Constraint | None = None,
+    **penalties: float,
 ) -> coordinator_pb2.GenerateRequest:
     """A GenerateRequest from keyword arguments; a str prompt is text, a sequence of ints is token ids, and
     `messages` ({"role": ..., "content": ...} each) is a conversation the server renders with the model's chat
-    template."""
-    sampling = common_pb2.SamplingParams(temperature=temperature, top_k=top_k)
+    template. `constraint`: what the output must be (e.g. `Constraint(json_schema=...)`); `penalties`: the
+    sampling's repetition_penalty, frequency_penalty, presence_penalty and min_p."""
+    sampling = common_pb2.SamplingParams(temperature=temperature, top_k=top_k, **penalties)
     if top_p is not None:
         sampling.top_p = top_p
     if seed is not None:
@@ -42,6 +45,7 @@ def build_request(
         request_id=request_id,
         draft_method=draft_method,
         messages=[coordinator_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in messages],
+        constraint=constraint,
     )
     if isinstance(prompt, str):
         request.text = prompt

@@ -100,3 +100,31 @@ def make_pki(directory: pathlib.Path) -> Pki:
         rogue_ca,
         make_cert(directory, "rogue-client", rogue_ca),
     )
+
+
+class SecretVolume:
+    """A directory laid out as the kubelet writes a Secret or projected volume: the files live in a timestamped
+    directory behind the symlink `..data`, each name is a symlink through it, and an update swaps `..data` at once."""
+
+    def __init__(self, directory: pathlib.Path):
+        self.directory = directory
+        self.generation = 0
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def path(self, name: str) -> str:
+        return str(self.directory / name)
+
+    def publish(self, files: dict[str, bytes]) -> None:
+        """Replaces the whole content with `files` (names may hold one directory level: `trust/ca.crt`)."""
+        self.generation += 1
+        data = self.directory / f"..{self.generation:04d}"
+        for name, content in files.items():
+            (data / name).parent.mkdir(parents=True, exist_ok=True)
+            (data / name).write_bytes(content)
+        swap = self.directory / "..data_tmp"
+        swap.symlink_to(data.name)
+        swap.rename(self.directory / "..data")  # atomic, as the kubelet's
+        for top in {name.split("/")[0] for name in files}:
+            link = self.directory / top
+            if not link.is_symlink():
+                link.symlink_to(f"..data/{top}")

@@ -57,11 +57,12 @@ async def serve(settings: VerifySettings) -> None:
             credentials=server_credentials(settings),
             health_port=settings.health_port,
         )
-        loop = asyncio.get_running_loop()
         if ranks is not None:
-            ranks.on_failure(lambda reason: asyncio.run_coroutine_threadsafe(_stop_serving(running, servicer), loop))
-        if isinstance(model, ModelProcess):  # gone: its passes fail UNAVAILABLE, health NOT_SERVING
-            model.on_exit(lambda code: asyncio.run_coroutine_threadsafe(running.set_serving(False), loop))
+            ranks.on_failure(
+                lambda reason: asyncio.run_coroutine_threadsafe(_stop_serving(running, servicer, reason), running.loop)
+            )
+        if isinstance(model, ModelProcess):  # gone: its passes fail UNAVAILABLE, health NOT_SERVING for good
+            model.on_exit(lambda code: running.end_health_from_thread(f"the model process exited ({code})"))
         print(f"verify service listening on port {running.port}", flush=True)
         await wait_for_termination(running, settings.grace_s, servicer.drain)
     finally:
@@ -73,10 +74,11 @@ async def serve(settings: VerifySettings) -> None:
             model.close()
 
 
-async def _stop_serving(running: RunningServer, servicer: VerifierServicer) -> None:
-    """A rank failed: calls in flight fail UNAVAILABLE, health NOT_SERVING (the process stays up to say so)."""
+async def _stop_serving(running: RunningServer, servicer: VerifierServicer, reason: str) -> None:
+    """A rank failed: calls in flight fail UNAVAILABLE, health NOT_SERVING for good, liveness included (the process
+    stays up to say so; a restart starts the group anew)."""
     servicer.ranks_failed()
-    await running.set_serving(False)
+    await running.health.end(f"tensor parallelism failed: {reason}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,7 +3,8 @@
 - `LocalLauncher`: spawned processes on this node (rank r on cuda:r on GPU). For one machine or one pod.
 - `RayLauncher`: a placement group with one bundle per rank (bundle 0 holds rank 0's share, which this
   process uses) and one actor per other rank in its bundle; the actors join the process group over
-  TCP. The path for multi-node and for Kubernetes with KubeRay (run the service where bundle 0 lands).
+  TCP. The path for multi-node and for Kubernetes with KubeRay. Bundle 0 asks for a custom resource that only
+  this process's Ray node offers (`--tp-ray-rank0-resource`), so the GPU it reserves is one of this node's.
 
 Both report ranks whose process is gone (`exited_ranks`), which the leader's monitor polls.
 """
@@ -34,6 +35,7 @@ def make_launcher(settings: VerifySettings) -> RankLauncher:
             settings.tp_ray_placement_strategy,
             use_gpus=settings.device.startswith("cuda"),
             start_timeout_s=settings.tp_start_timeout_s,
+            rank0_resource=settings.tp_ray_rank0_resource,
         )
     return LocalLauncher()
 
@@ -109,12 +111,14 @@ class RayLauncher:
         strategy: str = "PACK",
         use_gpus: bool = False,
         start_timeout_s: float = 300.0,
+        rank0_resource: str = "",
     ):
         self.world_size = world_size
         self.address = address
         self.strategy = strategy
         self.use_gpus = use_gpus
         self.start_timeout_s = start_timeout_s
+        self.rank0_resource = rank0_resource  # a Ray custom resource only this process's node offers
         self.placement_group = None
         self.actors: dict[int, object] = {}
         self.runs: dict[int, object] = {}  # rank -> ObjectRef of RankActor.run
@@ -133,10 +137,26 @@ class RayLauncher:
             ray.init(
                 num_cpus=self.world_size,
                 num_gpus=self.world_size if self.use_gpus else 0,
+                resources={self.rank0_resource: 1} if self.rank0_resource else None,
                 include_dashboard=False,
                 logging_level=logging.WARNING,
             )
             self._started_ray = True
+
+    def _check_rank0_resource(self) -> None:
+        """Refuses (RuntimeError) to start where this process's Ray node does not offer the rank-0 resource: bundle 0
+        would then wait for a node that never comes, or hold a GPU of another node."""
+        import ray
+
+        here = ray.get_runtime_context().get_node_id()
+        offering = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get(self.rank0_resource, 0) >= 1]
+        if here not in offering:
+            raise RuntimeError(
+                f"tp_ray_rank0_resource: this process's Ray node {here} does not offer the resource "
+                f"{self.rank0_resource!r} (nodes that do: {', '.join(offering) or 'none'}); start its Ray node with "
+                f"--resources='{{\"{self.rank0_resource}\": 1}}' (KubeRay: the head group's `resources`), run the "
+                "verify service in the node that has it, or set tp_ray_rank0_resource to ''"
+            )
 
     def _reserve(self) -> None:
         """Reserves the placement group (once) and finds where bundle 0, rank 0's share, landed."""
@@ -148,7 +168,11 @@ class RayLauncher:
             return
         self._connect()
         bundle = {"CPU": 1, **({"GPU": 1} if self.use_gpus else {})}
-        self.placement_group = placement_group([dict(bundle) for _ in range(self.world_size)], strategy=self.strategy)
+        bundles = [dict(bundle) for _ in range(self.world_size)]
+        if self.rank0_resource:
+            self._check_rank0_resource()
+            bundles[0][self.rank0_resource] = 1
+        self.placement_group = placement_group(bundles, strategy=self.strategy)
         ray.get(self.placement_group.ready(), timeout=self.start_timeout_s)
 
         def bundle_zero() -> tuple[str, list]:  # a nested function travels by value: the probe imports only ray
@@ -160,12 +184,12 @@ class RayLauncher:
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=0),
         )
         node_id, gpu_ids = ray.get(probe.remote(), timeout=self.start_timeout_s)
-        if node_id != ray.get_runtime_context().get_node_id():
-            log.warning(
-                "bundle 0 (rank 0's share) is on Ray node %s, but rank 0 is this process on node %s: run "
-                "the verify service inside the Ray node that bundle 0 lands on",
-                node_id,
-                ray.get_runtime_context().get_node_id(),
+        here = ray.get_runtime_context().get_node_id()
+        if node_id != here:
+            self.stop(0)
+            raise RuntimeError(
+                f"bundle 0 (the GPU rank 0 uses) was reserved on Ray node {node_id}, but rank 0 is this process on "
+                f"node {here}: its GPU could be another rank's; pin bundle 0 with tp_ray_rank0_resource"
             )
         self._rank0_gpu = int(gpu_ids[0]) if gpu_ids else 0
 

@@ -15,7 +15,9 @@ from specdec.engine.kv.session import KVSession, PlannedForward
 from specdec.engine.model_runtime import LoadedModel
 from specdec.engine.step_batcher import NOT_YET, FollowUpChoice, NotYet, only_result
 from specdec.engine.step_cost import calibrate
+from specdec.sampling.constraints import ConstraintCompiler, ConstraintSpec
 from specdec.sampling.rules import SamplingParams, Verdict
+from specdec.sampling.sequence_rules import SequenceRules, session_rules
 from specdec.serving.session_store import SessionStore
 from specdec.serving.wire import PLAIN_STEP
 from verify_service.settings import VerifySettings
@@ -31,6 +33,7 @@ class TargetSession:
 
     kv: KVSession
     params: SamplingParams
+    rules: SequenceRules | None = None  # penalties, min_p, a constraint
 
     def __len__(self) -> int:
         return len(self.kv)
@@ -73,14 +76,25 @@ class VerifyService:
         self.sessions_model = model if ranks is None else ranks.mirrored  # the model every session runs on
         self.preemptions = Preemptions(on_preempt)  # a full KV cache preempts the newest sessions
         self.step_cost = calibrate(self.sessions_model)  # what a pass costs, for the policy
+        self.constraints = ConstraintCompiler(
+            model.tokenizer, model.vocab_size, model.eos_token_ids, settings.constraint_limits()
+        )
 
-    def open(self, session_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> int:
+    def open(
+        self,
+        session_id: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        constraint: ConstraintSpec | None = None,
+        output_start: int = 0,
+    ) -> int:
         """Opens a session and prefills the prompt, keeping its last row for the first round; returns the prefill time
-        in ns."""
-        return only_result(self.open_many([(session_id, prompt_ids, params)]))
+        in ns. The constraint and the penalties cover the tokens from output_start (0: the prompt's end)."""
+        return only_result(self.open_many([(session_id, prompt_ids, params, constraint, output_start)]))
 
-    def open_many(self, opens: Sequence[tuple[str, Sequence[int], SamplingParams]]) -> list[int | Exception]:
-        """Opens sessions and prefills them in one pass; per open the prefill time in ns, or its error."""
+    def open_many(self, opens: Sequence[tuple]) -> list[int | Exception]:
+        """Opens sessions (session_id, prompt_ids, params[, constraint, output_start]) and prefills them in one pass;
+        per open the prefill time in ns, or its error."""
         return self._step(opens, [])[0]
 
     def verify(
@@ -140,7 +154,7 @@ class VerifyService:
             if not isinstance(last, tuple):  # the open, not a round, ran last
                 return None
             verdict, _, session_len = last
-            if session_len - verdict.num_accepted - 1 != after_base_len:
+            if verdict.dead_end or session_len - verdict.num_accepted - 1 != after_base_len:
                 return None
             for index, guessed in enumerate(rounds):
                 if (guessed.num_accepted, guessed.next_token) == (verdict.num_accepted, verdict.next_token):
@@ -151,7 +165,7 @@ class VerifyService:
 
     def _step(
         self,
-        opens: Sequence[tuple[str, Sequence[int], SamplingParams]],
+        opens: Sequence[tuple],
         rounds: Sequence[tuple[str, int, Sequence[int], torch.Tensor | None]],
         last_rounds: Sequence[bool] = (),
     ) -> tuple[list, list]:
@@ -161,11 +175,12 @@ class VerifyService:
         open_results: list[int | Exception | None] = [None] * len(opens)
         opened: list[int] = []
         prefills: list[PlannedForward] = []
-        for index, (session_id, prompt_ids, params) in enumerate(opens):
+        for index, (session_id, prompt_ids, params, *output) in enumerate(opens):
             try:
+                rules = session_rules(self.constraints, params, len(prompt_ids), *output)
                 self.sessions.reserve(session_id)
                 kv = KVSession(self.sessions_model, prompt_ids)
-                self.sessions.add(session_id, TargetSession(kv, params))
+                self.sessions.add(session_id, TargetSession(kv, params, rules))
                 self.preemptions.arrived(session_id)
             except Exception as error:  # noqa: BLE001 - that open fails alone
                 open_results[index] = error
@@ -195,6 +210,7 @@ class VerifyService:
                             draft_probs,
                             session.params,
                             ends_request=bool(last_rounds) and last_rounds[index],
+                            rules=session.rules,
                         ),
                     )
                 )

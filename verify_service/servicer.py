@@ -22,6 +22,7 @@ from specdec.serving.session_store import expire_idle_sessions
 from specdec.serving.wire import (
     call_deadline,
     check_token_ids,
+    constraint_from_proto,
     ends_after,
     follows_at_once,
     kv_block_info,
@@ -33,8 +34,9 @@ from verify_service.service import LAST_VERIFY, OPEN, VERIFY, GuessedRound, Veri
 
 
 def _round_follows(hint: verifier_pb2.NextCallHint) -> Callable[[tuple], bool]:
-    """For the batcher: whether the caller's next round follows a round's result (verdict, timing, length) at once."""
-    return lambda result: follows_at_once(hint, result[0].num_accepted, result[0].next_token)
+    """For the batcher: whether the caller's next round follows a round's result (verdict, timing, length) at once
+    (never after a dead end: the request ends)."""
+    return lambda result: not result[0].dead_end and follows_at_once(hint, result[0].num_accepted, result[0].next_token)
 
 
 def _round_kind(request: verifier_pb2.VerifyRequest | verifier_pb2.VerifyNextRequest) -> str:
@@ -45,8 +47,9 @@ def _round_kind(request: verifier_pb2.VerifyRequest | verifier_pb2.VerifyNextReq
 def _verify_response(verdict, timing, session_len: int, draining: bool) -> verifier_pb2.VerifyResponse:
     return verifier_pb2.VerifyResponse(
         accepted_token_ids=verdict.accepted_tokens,
-        next_token_id=verdict.next_token,
+        next_token_id=verdict.next_token if not verdict.dead_end else 0,
         is_bonus=verdict.is_bonus,
+        constraint_dead_end=verdict.dead_end,
         session_len=session_len,
         forward_ns=timing.forward_ns,
         sampling_ns=timing.sampling_ns,
@@ -135,21 +138,25 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         prompt = check_token_ids(request.prompt_token_ids, self.service.model.vocab_size, "prompt_token_ids")
         params = session_sampling_from_proto(request.sampling, request.sampling_rule)
         self.drain.refuse_if_draining()
+        constraint = constraint_from_proto(request.constraint)
+        if constraint is not None:  # compiled (or found in the cache) off the model thread, which opens with it
+            await asyncio.to_thread(self.service.constraints.compile, constraint)
+        call = (request.session_id, OPEN, prompt, params, constraint, request.output_start)
         if self.admission is None:
-            prefill_ns = await self._run("step", request.session_id, OPEN, prompt, params)
+            prefill_ns = await self._run("step", *call)
         else:
-            prefill_ns = await self._open_admitted(request.session_id, prompt, params, call_deadline(context))
+            prefill_ns = await self._open_admitted(call, len(prompt), call_deadline(context))
         return verifier_pb2.OpenVerifySessionResponse(session_len=len(prompt), prefill_ns=prefill_ns)
 
-    async def _open_admitted(self, session_id: str, prompt: list[int], params, deadline: float | None) -> int:
-        """Opens once the prompt's blocks are free; an open whose blocks went to growing sessions meanwhile queues
-        again, ahead of new sessions."""
-        blocks = self.admission.blocks_needed(len(prompt))
+    async def _open_admitted(self, call: tuple, prompt_tokens: int, deadline: float | None) -> int:
+        """Runs the open step `call` once the prompt's blocks are free; an open whose blocks went to growing sessions
+        meanwhile queues again, ahead of new sessions."""
+        blocks = self.admission.blocks_needed(prompt_tokens)
         resuming = False
         while True:
             async with self.admission.admitted(blocks, deadline, resuming):
                 try:
-                    return await self._run("step", session_id, OPEN, prompt, params)
+                    return await self._run("step", *call)
                 except KVCacheFullError:
                     resuming = True
 

@@ -10,6 +10,7 @@ from specdec.engine.embedded_pair import DEMO_TARGET_DIR
 from specdec.engine.execution_settings import ExecutionSettings
 from specdec.engine.kv.admission import KVCacheSettings
 from specdec.engine.step_batcher import StepBatchingSettings
+from specdec.sampling.constraints import ConstraintSettings
 from specdec.serving.session_store import SessionExpirySettings
 from specdec.serving.tls import ServerTlsSettings
 
@@ -25,11 +26,13 @@ class VerifySettings(
     CpuAffinitySettings,
     KVCacheSettings,
     ExecutionSettings,
+    ConstraintSettings,
 ):
     """Everything the verify service reads at start-up (tls_*: TLS, or mutual TLS with tls_client_ca, on its port)."""
 
     address: str = setting("[::]:50062", "host:port to serve gRPC on (port 0 picks a free port)")
-    model: str = setting(str(DEMO_TARGET_DIR), "target model directory or hub id")
+    model: str = setting(str(DEMO_TARGET_DIR), "target model directory, hub id or GGUF file")
+    gguf_file: str = setting("", "a GGUF file in the --model directory to load (dequantized once, cached beside it)")
     device: str = setting("cpu", "device for the target model: cpu or cuda:N (rank r uses cuda:r under TP)")
     dtype: str = setting("float32", "weight dtype: float32, bfloat16 or float16")
     threads: int = setting(1, "CPU threads per rank (0 = torch default)")
@@ -75,6 +78,12 @@ class VerifySettings(
     )
     tp_ray_placement_strategy: str = setting(
         "PACK", "placement-group strategy: PACK, STRICT_PACK, SPREAD or STRICT_SPREAD"
+    )
+    tp_ray_rank0_resource: str = setting(
+        "specdec_rank0",
+        "Ray custom resource that only the Ray node this process runs in offers (KubeRay: the head group's "
+        "`resources`); bundle 0, the GPU rank 0 uses, asks for it, so it is reserved on this node ('' = no pin; "
+        "a local Ray instance offers it itself)",
     )
 
     def __post_init__(self) -> None:

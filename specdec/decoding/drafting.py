@@ -14,6 +14,7 @@ from specdec.sampling.draft_sampler import RowRequest, choose_rows
 from specdec.sampling.prompt_lookup import lookup_continuation
 from specdec.sampling.row_sampling import BAD_LOGITS_MESSAGES, BadLogits, bad_logits_codes, joined_rows
 from specdec.sampling.rules import NonFiniteLogitsError, SamplingParams
+from specdec.sampling.sequence_rules import SequenceRules
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class DraftJob:
         0  # greedy only: lookup tokens to try after the drafted ones (specdec/sampling/prompt_lookup.py)
     )
     lookup: list[int] | None = None  # the lookup tokens in the pass under way, to keep as far as the draft agrees
+    rules: SequenceRules | None = None  # penalties, min_p, a constraint (specdec/sampling/sequence_rules.py)
 
     def take(self, token: int, ranked: Sequence[int], probs: torch.Tensor | None = None) -> None:
         """Records a token chosen at this position, and the q row [V] it was drawn from under the rejection rule.
@@ -72,18 +74,22 @@ class DraftJob:
         """Keeps the lookup tokens as far as the draft's argmax agrees, then the draft's own token where they part
         (or after the last); rolls the rest back, all of them if a row is bad (BadLogits: NaN or +inf, or no token
         allowed). logits [k + 1, V]: after the last drafted token, after each lookup token."""
-        lookup = self.lookup
+        lookup, dead_row = self.lookup, None
+        if self.rules is not None:
+            shaped = self.rules.shape(logits, self.session.tokens, len(self.session) - len(lookup))
+            logits, dead_row = shaped.logits, shaped.dead_row
         top = torch.topk(logits, self.num_alternatives + 1, dim=-1)  # values, indices [k + 1, A + 1]
         if bad_logits_codes(top.values[:, 0]).any():  # the block ends as drafted
             self.session.truncate(len(self.session) - len(lookup))
             return self.result()
         ranked = top.indices.tolist()
-        kept = 0
-        while kept < len(lookup) and ranked[kept][0] == lookup[kept]:
+        kept, last = 0, len(lookup) if dead_row is None else dead_row  # no token at or after a dead end
+        while kept < min(len(lookup), last) and ranked[kept][0] == lookup[kept]:
             kept += 1
         self.session.truncate(len(self.session) - len(lookup) + kept)
-        self.session.append([ranked[kept][0]])  # the draft's own token stays pending, as every last drafted one
-        for position, token in enumerate([*lookup[:kept], ranked[kept][0]]):
+        own = [] if kept == dead_row else [ranked[kept][0]]
+        self.session.append(own)  # the draft's own token stays pending, as every last drafted one
+        for position, token in enumerate([*lookup[:kept], *own]):
             self.take(token, ranked[position])
         return self.result()
 
@@ -92,23 +98,39 @@ class DraftJob:
         return Drafted(self.tokens, probs, self.alternatives)
 
 
-def next_tokens(jobs: Sequence[DraftJob], logits: torch.Tensor) -> list[int | Exception]:
+def next_tokens(jobs: Sequence[DraftJob], logits: torch.Tensor) -> list[int | Exception | None]:
     """Adds every job's next token from its row of logits [K, V] (choose_rows: one read back); returns the tokens.
 
-    - a job whose row has NaN or +inf, or no allowed token, gets its NonFiniteLogitsError instead, alone.
+    - a job whose row has NaN or +inf, or no allowed token, gets its NonFiniteLogitsError instead, alone;
+    - a job whose constraint allows no token there gets None: its block ends before it.
     """
+    ended: dict[int, Exception | None] = {}  # rows whose rules end them: None at a dead end, else their error
+    if any(job.rules is not None for job in jobs):
+        logits = logits.clone()
+        for row, job in enumerate(jobs):
+            try:
+                if job.rules is not None:
+                    shaped = job.rules.shape(logits[row : row + 1], job.session.tokens, len(job.session))
+                    logits[row] = shaped.logits[0]
+                    if shaped.dead_row is not None:
+                        ended[row] = None
+            except Exception as error:  # noqa: BLE001 - the constraint engine failed that job alone
+                ended[row] = error
     requests = [RowRequest(job.params, len(job.session), job.num_alternatives) for job in jobs]
-    tokens: list[int | Exception] = []
-    for job, choice in zip(jobs, choose_rows(logits, requests)):
-        if choice.bad_logits:
+    tokens: list[int | Exception | None] = []
+    for row, (job, choice) in enumerate(zip(jobs, choose_rows(logits, requests))):
+        if row in ended:
+            tokens.append(ended[row])
+        elif choice.bad_logits:
             tokens.append(NonFiniteLogitsError(BAD_LOGITS_MESSAGES[BadLogits(choice.bad_logits)]))
-            continue
-        job.take(choice.token, choice.ranked, choice.probs)
-        tokens.append(choice.token)
+        else:
+            job.take(choice.token, choice.ranked, choice.probs)
+            tokens.append(choice.token)
     return tokens
 
 
-DraftRequest = tuple[KVSession, int, SamplingParams, int]  # session, tokens to draft, sampling, alternatives
+# session, tokens to draft, sampling, alternatives, the session's rules (penalties, min_p, constraint) or None
+DraftRequest = tuple[KVSession, int, SamplingParams, int, SequenceRules | None]
 
 
 class DraftRun:
@@ -144,11 +166,12 @@ class DraftRun:
         params: SamplingParams,
         num_alternatives: int = 0,
         lookup_tokens: int = 0,
+        rules: SequenceRules | None = None,
     ) -> Drafted | Exception | None:
         """Starts drafting num_tokens tokens after the session's sequence (then, greedy, up to lookup_tokens lookup
         tokens the draft agrees with and its own next one); `key` names it in step()'s results. Returns its outcome
         at once when there is nothing to draft or it cannot start (the error), else None."""
-        job = DraftJob(session, num_tokens, params, num_alternatives, lookup_tokens=lookup_tokens)
+        job = DraftJob(session, num_tokens, params, num_alternatives, lookup_tokens=lookup_tokens, rules=rules)
         if num_tokens == 0:
             return job.result()
         try:
@@ -184,6 +207,9 @@ class DraftRun:
             if isinstance(token, Exception):
                 finished.append((key, token))
                 continue
+            if token is None:  # the constraint allows nothing here: the block ends as drafted
+                finished.append((key, job.result()))
+                continue
             try:
                 if len(job.tokens) < job.num_tokens:
                     still_live.append((key, job, job.session.plan_extend([token], score_previous=False)))
@@ -209,13 +235,21 @@ def draft_many(requests: Sequence[DraftRequest]) -> list[Drafted | Exception]:
     error that failed that request alone.
     """
     run = DraftRun()
-    results: list[Drafted | Exception | None] = [run.add(index, *request) for index, request in enumerate(requests)]
+    results: list[Drafted | Exception | None] = [
+        run.add(index, *request[:4], rules=request[4]) for index, request in enumerate(requests)
+    ]
     while run:
         for index, outcome in run.step():
             results[index] = outcome
     return results
 
 
-def draft_with_model(session: KVSession, num_tokens: int, params: SamplingParams, num_alternatives: int = 0) -> Drafted:
+def draft_with_model(
+    session: KVSession,
+    num_tokens: int,
+    params: SamplingParams,
+    num_alternatives: int = 0,
+    rules: SequenceRules | None = None,
+) -> Drafted:
     """One session's draft (see draft_many); raises its error."""
-    return only_result(draft_many([(session, num_tokens, params, num_alternatives)]))
+    return only_result(draft_many([(session, num_tokens, params, num_alternatives, rules)]))

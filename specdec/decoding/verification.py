@@ -18,6 +18,7 @@ from specdec.engine.kv.session import KVSession, PlannedForward, run_forwards
 from specdec.engine.step_batcher import only_result
 from specdec.sampling.round_judge import DraftRound, judge_rounds
 from specdec.sampling.rules import SamplingParams, Verdict
+from specdec.sampling.sequence_rules import SequenceRules
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class VerifyJob:
     draft_probs: torch.Tensor | None
     params: SamplingParams
     ends_request: bool = False  # the caller's request ends with this round: no round of the session follows
+    rules: SequenceRules | None = None  # penalties, min_p, a constraint (specdec/sampling/sequence_rules.py)
 
 
 PassHook = Callable[[int, int, int], None]  # (forward ns, prompt tokens prefilled, tokens fed for rounds)
@@ -84,22 +86,28 @@ def verify_rounds(
     if on_pass is not None and batch_tokens:  # none ran when every round had its row from a prefill
         on_pass(forward_ns, prefill_tokens, scored_tokens)
     sampling_started = time.perf_counter_ns()
-    rounds = [
-        DraftRound(jobs[i].draft_tokens, jobs[i].draft_probs, jobs[i].params, jobs[i].base_len) for i, _ in planned
-    ]
+    judged: list[tuple[int, DraftRound, torch.Tensor, int | None]] = []  # (job index, round, its logits, dead row)
+    for (index, _), logits in zip(planned, all_logits):
+        try:
+            judged.append((index, *_shaped_round(jobs[index], logits)))
+        except Exception as error:  # noqa: BLE001 - the constraint engine failed that round alone
+            jobs[index].session.truncate(jobs[index].base_len)
+            results[index] = error
     try:
-        outcomes = judge_rounds(rounds, all_logits)
+        outcomes = judge_rounds([round_ for _, round_, _, _ in judged], [logits for _, _, logits, _ in judged])
     except Exception as error:  # noqa: BLE001 - one that no single round caused fails each of them
-        outcomes = [error] * len(rounds)
+        outcomes = [error] * len(judged)
     timing = VerifyTiming(forward_ns, time.perf_counter_ns() - sampling_started, len(planned), batch_tokens)
-    for (index, _), outcome in zip(planned, outcomes):
+    for (index, _, _, dead_row), outcome in zip(judged, outcomes):
         job = jobs[index]
         if isinstance(outcome, Exception):
             job.session.truncate(job.base_len)
             results[index] = outcome
             continue
+        if outcome.num_accepted == dead_row:  # every token before the dead end accepted: the request ends there
+            outcome = Verdict(outcome.accepted_tokens, None, is_bonus=False)
         job.session.truncate(job.base_len + outcome.num_accepted)
-        job.session.append([outcome.next_token])
+        job.session.append(outcome.tokens[outcome.num_accepted :])
         results[index] = (outcome, timing)
     return results
 
@@ -111,9 +119,26 @@ def verify_round(
     draft_tokens: Sequence[int],
     draft_probs: torch.Tensor | None,
     params: SamplingParams,
+    rules: SequenceRules | None = None,
 ) -> tuple[Verdict, VerifyTiming]:
     """One session's round (see verify_rounds); raises its error."""
-    return only_result(verify_rounds([VerifyJob(session, session_id, base_len, draft_tokens, draft_probs, params)]))
+    job = VerifyJob(session, session_id, base_len, draft_tokens, draft_probs, params, rules=rules)
+    return only_result(verify_rounds([job]))
+
+
+def _shaped_round(job: VerifyJob, logits: torch.Tensor) -> tuple[DraftRound, torch.Tensor, int | None]:
+    """A round to judge from a job and its logits [γ+1, V] after its rules, and the row where its constraint allows
+    no token (None: nowhere). A round with such a row is judged on the drafted tokens before it: drafted tokens from
+    there on are never allowed, and the row itself is only used if all before it are accepted, when the request
+    ends instead."""
+    tokens, probs, dead_row = job.draft_tokens, job.draft_probs, None
+    if job.rules is not None:
+        shaped = job.rules.shape(logits, job.session.tokens, job.base_len)
+        logits, dead_row = shaped.logits, shaped.dead_row
+        if dead_row is not None:
+            tokens, logits = list(tokens[:dead_row]), logits[: dead_row + 1]
+            probs = probs[:dead_row] if probs is not None else None
+    return DraftRound(tokens, probs, job.params, job.base_len), logits, dead_row
 
 
 def _plan_round(job: VerifyJob, make_room: RoomMaker | None) -> PlannedForward:
@@ -133,6 +158,6 @@ def _mark_greedy_decoding(job: VerifyJob) -> None:
     likely speculative again; nor is a request's last round: no next pass comes, and one run ahead would only
     hold back the next request's."""
     session = job.session
-    plain_greedy = not job.draft_tokens and job.params.greedy
+    plain_greedy = not job.draft_tokens and job.params.greedy and job.rules is None  # else the argmax is not the token
     session.plain_greedy_rounds = session.plain_greedy_rounds + 1 if plain_greedy else 0
     session.cache.decodes_greedily = session.plain_greedy_rounds >= 2 and not job.ends_request

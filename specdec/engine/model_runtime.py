@@ -14,21 +14,25 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.engine.attention.selection import AttentionBackendChoice, choose_attention_backend
+from specdec.engine.borrowed_embeddings import embeddings_source, use_borrowed_embeddings
 from specdec.engine.cpu_linears import use_onednn_linears
 from specdec.engine.cuda_graph_steps import CudaGraphSteps, cuda_graphs_refusal
 from specdec.engine.direct_forward import direct_forward_refusal
 from specdec.engine.draft_kernels import use_draft_kernels
+from specdec.engine.gguf_checkpoint import resolve_model
 from specdec.engine.kv.budget import block_bytes, blocks_in_budget
 from specdec.engine.kv.pool import KVPool, SequenceKV
 from specdec.engine.packed_forward import PACKED_ATTENTION, packed_forward, packed_forward_refusal
 from specdec.engine.packed_self_test import (
     UnsupportedModelError,
     cached_mismatch,
+    logits_dtype,
     packed_mismatch,
     plain_logits,
     probe_tokens,
 )
 from specdec.engine.packed_step import AttentionBackend
+from specdec.engine.subset_head import read_head_ids, use_subset_head
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +43,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class ModelSettings:
     """Where a model comes from and how it runs."""
 
-    model: str  # local directory or hub id
+    model: str  # local directory, hub id or GGUF file
+    gguf_file: str = ""  # a GGUF file inside the `model` directory (specdec/engine/gguf_checkpoint.py)
     device: str = "cpu"  # "cpu" or "cuda:N"
     dtype: str = "float32"  # a key of DTYPES
     threads: int = 0  # intra-op CPU threads; 0 keeps torch's default
@@ -64,7 +69,9 @@ class ModelSettings:
         return cls(**{name: getattr(service_settings, name) for name in names})
 
 
-SERVICE_OPTIONAL = frozenset({"draft_kernels"})  # the draft service's alone: a target never gets a draft's kernels
+SERVICE_OPTIONAL = frozenset(
+    {"draft_kernels", "gguf_file"}
+)  # the draft service's alone: a target never gets a draft's kernels
 
 
 class TokenizerMismatchError(ValueError):
@@ -147,7 +154,7 @@ class LoadedModel:
             if reason is not None:
                 self.use_cached_forward(own_attention)
         if reason is not None:
-            broken = cached_mismatch(self.forward, self.new_cache(), self.model.dtype, ids, reference)
+            broken = cached_mismatch(self.forward, self.new_cache(), logits_dtype(self.model), ids, reference)
             if broken is not None:
                 raise UnsupportedModelError(
                     f"model {self.settings.model!r} cannot be served: packed forward refused ({reason}); "
@@ -221,21 +228,29 @@ class LoadedModel:
 
     @classmethod
     def load(cls, settings: ModelSettings, **from_pretrained_kwargs) -> LoadedModel:
-        """Loads weights and tokenizer from a local directory or hub id (no download happens offline)."""
+        """Loads weights and tokenizer from a local directory, hub id (no download happens offline) or GGUF file
+        (dequantized on first use, specdec/engine/gguf_checkpoint.py). A directory that borrows its target's
+        embeddings gets them (specdec/engine/borrowed_embeddings.py); one with a subset head's ids gets that head
+        (specdec/engine/subset_head.py)."""
         if settings.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {settings.dtype!r}")
         if settings.threads > 0:
             torch.set_num_threads(settings.threads)
         started = time.perf_counter()
-        tokenizer = AutoTokenizer.from_pretrained(settings.model)
-        model = AutoModelForCausalLM.from_pretrained(
-            settings.model, dtype=DTYPES[settings.dtype], **from_pretrained_kwargs
-        )
+        source = resolve_model(settings.model, settings.gguf_file)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[settings.dtype], **from_pretrained_kwargs)
+        borrowed = embeddings_source(source)
+        if borrowed is not None:
+            use_borrowed_embeddings(model, borrowed)
         if "tp_plan" not in from_pretrained_kwargs:
             model = model.to(settings.device)
             use_onednn_linears(model)
             if settings.draft_kernels:
                 use_draft_kernels(model)
+            head_ids = read_head_ids(source)
+            if head_ids is not None:
+                use_subset_head(model, head_ids)
         model.eval()
         params = sum(p.numel() for p in model.parameters())
         log.info(

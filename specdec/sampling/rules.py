@@ -43,6 +43,8 @@ import torch
 import torch.nn.functional as F
 
 _U64_LIMIT = 2**64
+MAX_REPETITION_PENALTY = 10.0
+MAX_ADDITIVE_PENALTY = 2.0  # frequency and presence penalties, as OpenAI's API bounds them
 _KEY_LAYOUT = struct.Struct("<QQQ")  # seed, position, stream
 
 
@@ -62,10 +64,20 @@ class SamplingParams:
     top_p: float = 1.0  # 1 = off
     seed: int = 0
     rule: SamplingRule = SamplingRule.REJECTION
+    # Applied to the logits before the rest (specdec/sampling/penalties.py): 1, 0, 0, 0 = off.
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    min_p: float = 0.0
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalised(self) -> bool:
+        """Some penalty applies (min_p aside)."""
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
     @property
     def coupled(self) -> bool:
@@ -84,6 +96,19 @@ class SamplingParams:
             raise ValueError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
         if not isinstance(self.rule, SamplingRule):
             raise ValueError(f"rule must be a SamplingRule, got {self.rule!r}")
+        if not 0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise ValueError(
+                f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY}] (1 = off), "
+                f"got {self.repetition_penalty!r}"
+            )
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -MAX_ADDITIVE_PENALTY <= getattr(self, name) <= MAX_ADDITIVE_PENALTY:
+                raise ValueError(
+                    f"{name} must be in [-{MAX_ADDITIVE_PENALTY}, {MAX_ADDITIVE_PENALTY}] (0 = off), "
+                    f"got {getattr(self, name)!r}"
+                )
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}")
 
 
 class NonFiniteLogitsError(ValueError):
@@ -244,7 +269,7 @@ class Verdict:
     """The outcome of verifying one round of draft tokens."""
 
     accepted_tokens: list[int]  # the accepted prefix of the draft tokens
-    next_token: int  # recovered token after a rejection, or bonus token when all were accepted
+    next_token: int | None  # recovered token after a rejection, or bonus token; None: the constraint's dead end
     is_bonus: bool
 
     @property
@@ -252,9 +277,14 @@ class Verdict:
         return len(self.accepted_tokens)
 
     @property
+    def dead_end(self) -> bool:
+        """The request's constraint allows no token after the accepted ones: the request ends with them."""
+        return self.next_token is None
+
+    @property
     def tokens(self) -> list[int]:
-        """What this round commits: the accepted tokens, then the recovered or bonus token."""
-        return [*self.accepted_tokens, self.next_token]
+        """What this round commits: the accepted tokens, then the recovered or bonus token (none at a dead end)."""
+        return [*self.accepted_tokens, *([] if self.next_token is None else [self.next_token])]
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

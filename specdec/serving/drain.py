@@ -2,7 +2,8 @@
 callers have moved or closed them, or the grace period ends.
 
 Stopping the gRPC server at once would fail every session's next round. Instead (specdec/serving/server.py):
-- health turns NOT_SERVING, so placement and readiness probes send nothing new;
+- readiness turns NOT_SERVING (liveness stays SERVING: the process still serves), so placement and readiness
+  probes send nothing new;
 - OpenSession answers UNAVAILABLE ("draining"), and every reply on a session says `draining`, so coordinators move
   their sessions to another replica between two rounds (coordinator/session_moves.py);
 - the process exits once no session is left, or after `--grace-s`, whichever comes first.

@@ -11,6 +11,7 @@ import torch
 
 from specdec.common.errors import InvalidFieldError
 from specdec.engine.kv.pool import KVPool
+from specdec.sampling.constraints import ConstraintKind, ConstraintSpec
 from specdec.sampling.rules import SamplingParams, SamplingRule
 from specdec.v1 import common_pb2, verifier_pb2
 
@@ -23,7 +24,17 @@ def sampling_from_proto(
     """SamplingParams from the wire; unset top_p means 1 and unset seed means default_seed."""
     top_p = message.top_p if message.HasField("top_p") else 1.0
     seed = message.seed if message.HasField("seed") else default_seed
-    params = SamplingParams(temperature=message.temperature, top_k=message.top_k, top_p=top_p, seed=seed)
+    repetition = message.repetition_penalty if message.HasField("repetition_penalty") else 1.0
+    params = SamplingParams(
+        temperature=message.temperature,
+        top_k=message.top_k,
+        top_p=top_p,
+        seed=seed,
+        repetition_penalty=repetition,
+        frequency_penalty=message.frequency_penalty,
+        presence_penalty=message.presence_penalty,
+        min_p=message.min_p,
+    )
     try:
         params.validate()
     except ValueError as error:
@@ -53,8 +64,36 @@ def session_sampling_from_proto(message: common_pb2.SamplingParams, rule: int) -
 
 def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
     return common_pb2.SamplingParams(
-        temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=params.seed
+        temperature=params.temperature,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        seed=params.seed,
+        repetition_penalty=params.repetition_penalty,
+        frequency_penalty=params.frequency_penalty,
+        presence_penalty=params.presence_penalty,
+        min_p=params.min_p,
     )
+
+
+def constraint_from_proto(message: common_pb2.Constraint, prefix: str = "constraint") -> ConstraintSpec | None:
+    """The constraint a message names (None: none); INVALID_ARGUMENT names an empty source."""
+    kind = message.WhichOneof("kind")
+    if kind is None:
+        return None
+    if kind == "json_object":
+        return ConstraintSpec(ConstraintKind.JSON_OBJECT)
+    source = getattr(message, kind)
+    if not source:
+        raise InvalidFieldError(f"{prefix}.{kind}", "must not be empty")
+    return ConstraintSpec(ConstraintKind(kind), source)
+
+
+def constraint_to_proto(spec: ConstraintSpec | None) -> common_pb2.Constraint | None:
+    if spec is None:
+        return None
+    if spec.kind is ConstraintKind.JSON_OBJECT:
+        return common_pb2.Constraint(json_object=True)
+    return common_pb2.Constraint(**{spec.kind.value: spec.source})
 
 
 def probs_to_proto(probs: torch.Tensor | None) -> common_pb2.ProbabilityMatrix | None:

@@ -24,27 +24,29 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/common.proto\x12\nspecdec.v1\"n\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x42\x08\n\x06_top_pB\x07\n\x05_seed\"K\n\x11ProbabilityMatrix\x12\x0c\n\x04rows\x18\x01 \x01(\r\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x14\n\x0c\x66loat32_data\x18\x03 \x01(\x0c\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"&\n\x14\x43loseSessionResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08\"\r\n\x0bInfoRequest\"\xbb\x03\n\x0bServiceInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x18\n\x10tokenizer_sha256\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\x17\n\x0f\x61\x63tive_sessions\x18\x06 \x01(\r\x12\x17\n\x0fkv_cache_tokens\x18\x07 \x01(\x04\x12\x14\n\x0cmax_sessions\x18\x08 \x01(\r\x12\x1a\n\x12max_context_tokens\x18\t \x01(\r\x12\x1c\n\x14tensor_parallel_size\x18\n \x01(\r\x12.\n\rdraft_methods\x18\x0b \x03(\x0e\x32\x17.specdec.v1.DraftMethod\x12\x1a\n\x12step_cost_fixed_ns\x18\x0c \x01(\x01\x12\x1e\n\x16step_cost_per_token_ns\x18\r \x01(\x01\x12\x15\n\rkv_block_size\x18\x0e \x01(\r\x12\x16\n\x0ekv_blocks_used\x18\x0f \x01(\x04\x12\x16\n\x0ekv_blocks_free\x18\x10 \x01(\x04\x12\x18\n\x10kv_blocks_shared\x18\x11 \x01(\x04*[\n\x0b\x44raftMethod\x12\x1c\n\x18\x44RAFT_METHOD_UNSPECIFIED\x10\x00\x12\x16\n\x12\x44RAFT_METHOD_MODEL\x10\x01\x12\x16\n\x12\x44RAFT_METHOD_NGRAM\x10\x02*e\n\x0cSamplingRule\x12\x1d\n\x19SAMPLING_RULE_UNSPECIFIED\x10\x00\x12\x1b\n\x17SAMPLING_RULE_REJECTION\x10\x01\x12\x19\n\x15SAMPLING_RULE_COUPLED\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/common.proto\x12\nspecdec.v1\"\xea\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18( \x01(\x02H\x02\x88\x01\x01\x12\x19\n\x11\x66requency_penalty\x18) \x01(\x02\x12\x18\n\x10presence_penalty\x18* \x01(\x02\x12\r\n\x05min_p\x18+ \x01(\x02\x42\x08\n\x06_top_pB\x07\n\x05_seedB\x15\n\x13_repetition_penalty\"~\n\nConstraint\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12\x11\n\x07grammar\x18\x04 \x01(\tH\x00\x12\x16\n\x0clark_grammar\x18\x05 \x01(\tH\x00\x42\x06\n\x04kind\"K\n\x11ProbabilityMatrix\x12\x0c\n\x04rows\x18\x01 \x01(\r\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x14\n\x0c\x66loat32_data\x18\x03 \x01(\x0c\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"&\n\x14\x43loseSessionResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08\"\r\n\x0bInfoRequest\"\xbb\x03\n\x0bServiceInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x18\n\x10tokenizer_sha256\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\x17\n\x0f\x61\x63tive_sessions\x18\x06 \x01(\r\x12\x17\n\x0fkv_cache_tokens\x18\x07 \x01(\x04\x12\x14\n\x0cmax_sessions\x18\x08 \x01(\r\x12\x1a\n\x12max_context_tokens\x18\t \x01(\r\x12\x1c\n\x14tensor_parallel_size\x18\n \x01(\r\x12.\n\rdraft_methods\x18\x0b \x03(\x0e\x32\x17.specdec.v1.DraftMethod\x12\x1a\n\x12step_cost_fixed_ns\x18\x0c \x01(\x01\x12\x1e\n\x16step_cost_per_token_ns\x18\r \x01(\x01\x12\x15\n\rkv_block_size\x18\x0e \x01(\r\x12\x16\n\x0ekv_blocks_used\x18\x0f \x01(\x04\x12\x16\n\x0ekv_blocks_free\x18\x10 \x01(\x04\x12\x18\n\x10kv_blocks_shared\x18\x11 \x01(\x04*[\n\x0b\x44raftMethod\x12\x1c\n\x18\x44RAFT_METHOD_UNSPECIFIED\x10\x00\x12\x16\n\x12\x44RAFT_METHOD_MODEL\x10\x01\x12\x16\n\x12\x44RAFT_METHOD_NGRAM\x10\x02*e\n\x0cSamplingRule\x12\x1d\n\x19SAMPLING_RULE_UNSPECIFIED\x10\x00\x12\x1b\n\x17SAMPLING_RULE_REJECTION\x10\x01\x12\x19\n\x15SAMPLING_RULE_COUPLED\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specdec.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DRAFTMETHOD']._serialized_start=772
-  _globals['_DRAFTMETHOD']._serialized_end=863
-  _globals['_SAMPLINGRULE']._serialized_start=865
-  _globals['_SAMPLINGRULE']._serialized_end=966
-  _globals['_SAMPLINGPARAMS']._serialized_start=39
-  _globals['_SAMPLINGPARAMS']._serialized_end=149
-  _globals['_PROBABILITYMATRIX']._serialized_start=151
-  _globals['_PROBABILITYMATRIX']._serialized_end=226
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=228
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=269
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=271
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=309
-  _globals['_INFOREQUEST']._serialized_start=311
-  _globals['_INFOREQUEST']._serialized_end=324
-  _globals['_SERVICEINFO']._serialized_start=327
-  _globals['_SERVICEINFO']._serialized_end=770
+  _globals['_DRAFTMETHOD']._serialized_start=1025
+  _globals['_DRAFTMETHOD']._serialized_end=1116
+  _globals['_SAMPLINGRULE']._serialized_start=1118
+  _globals['_SAMPLINGRULE']._serialized_end=1219
+  _globals['_SAMPLINGPARAMS']._serialized_start=40
+  _globals['_SAMPLINGPARAMS']._serialized_end=274
+  _globals['_CONSTRAINT']._serialized_start=276
+  _globals['_CONSTRAINT']._serialized_end=402
+  _globals['_PROBABILITYMATRIX']._serialized_start=404
+  _globals['_PROBABILITYMATRIX']._serialized_end=479
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=481
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=522
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=524
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=562
+  _globals['_INFOREQUEST']._serialized_start=564
+  _globals['_INFOREQUEST']._serialized_end=577
+  _globals['_SERVICEINFO']._serialized_start=580
+  _globals['_SERVICEINFO']._serialized_end=1023
 # @@protoc_insertion_point(module_scope)

@@ -14,10 +14,12 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_STOP: _ClassVar[FinishReason]
     FINISH_REASON_EOS: _ClassVar[FinishReason]
+    FINISH_REASON_CONSTRAINT_DEAD_END: _ClassVar[FinishReason]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_EOS: FinishReason
+FINISH_REASON_CONSTRAINT_DEAD_END: FinishReason
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -34,7 +36,7 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("text", "token_ids", "max_new_tokens", "sampling", "stop", "num_speculative_tokens", "include_stats", "request_id", "draft_method", "messages")
+    __slots__ = ("text", "token_ids", "max_new_tokens", "sampling", "stop", "num_speculative_tokens", "include_stats", "request_id", "draft_method", "messages", "constraint")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +47,7 @@ class GenerateRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DRAFT_METHOD_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: TokenIds
     max_new_tokens: int
@@ -55,7 +58,8 @@ class GenerateRequest(_message.Message):
     request_id: str
     draft_method: _common_pb2.DraftMethod
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., num_speculative_tokens: _Optional[int] = ..., include_stats: _Optional[bool] = ..., request_id: _Optional[str] = ..., draft_method: _Optional[_Union[_common_pb2.DraftMethod, str]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
+    constraint: _common_pb2.Constraint
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., num_speculative_tokens: _Optional[int] = ..., include_stats: _Optional[bool] = ..., request_id: _Optional[str] = ..., draft_method: _Optional[_Union[_common_pb2.DraftMethod, str]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., constraint: _Optional[_Union[_common_pb2.Constraint, _Mapping]] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
     __slots__ = ("rounds", "drafted_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "accepted_per_position", "drafted_per_position", "draft_ns", "verify_ns", "sampling_ns", "wire_ns", "prefill_ns", "total_ns", "predraft_attempts", "predraft_hits", "seed", "prompt_tokens", "predraft_guesses", "chained_rounds", "wire_bytes", "sampling_rule", "verify_session_moves", "draft_session_moves")

@@ -8,20 +8,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenDraftSessionRequest(_message.Message):
-    __slots__ = ("session_id", "prompt_token_ids", "sampling", "draft_method", "num_lanes", "sampling_rule")
+    __slots__ = ("session_id", "prompt_token_ids", "sampling", "draft_method", "num_lanes", "sampling_rule", "constraint", "output_start")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     DRAFT_METHOD_FIELD_NUMBER: _ClassVar[int]
     NUM_LANES_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_RULE_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_START_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
     draft_method: _common_pb2.DraftMethod
     num_lanes: int
     sampling_rule: _common_pb2.SamplingRule
-    def __init__(self, session_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., draft_method: _Optional[_Union[_common_pb2.DraftMethod, str]] = ..., num_lanes: _Optional[int] = ..., sampling_rule: _Optional[_Union[_common_pb2.SamplingRule, str]] = ...) -> None: ...
+    constraint: _common_pb2.Constraint
+    output_start: int
+    def __init__(self, session_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., draft_method: _Optional[_Union[_common_pb2.DraftMethod, str]] = ..., num_lanes: _Optional[int] = ..., sampling_rule: _Optional[_Union[_common_pb2.SamplingRule, str]] = ..., constraint: _Optional[_Union[_common_pb2.Constraint, _Mapping]] = ..., output_start: _Optional[int] = ...) -> None: ...
 
 class OpenDraftSessionResponse(_message.Message):
     __slots__ = ("session_len", "prefill_ns")

@@ -18,7 +18,7 @@ from specdec.engine.model_runtime import LoadedModel, ModelSettings
 from specdec.local_stack import LocalStack
 from specdec.sampling.rules import SamplingParams, SamplingRule
 from specdec.serving.wire import sampling_to_proto
-from specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from specdec.v1 import common_pb2, coordinator_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 
 MAX_NEW = 24
 LANES_GAMMA = 3
@@ -406,3 +406,20 @@ def test_guess_lanes_end_right_after_hits_and_misses(stack):
             drafter.CloseSession(common_pb2.CloseSessionRequest(session_id=session_id), timeout=30)
             verifier.CloseSession(common_pb2.CloseSessionRequest(session_id=session_id), timeout=30)
     assert outcomes["hit"] > 0 and outcomes["miss"] > 0, outcomes
+
+
+@pytest.mark.parametrize("gamma", [0, 3])
+def test_a_constraint_the_vocabulary_cannot_meet_ends_at_its_dead_end(client, sequential_address, gamma):
+    """The word vocabulary cannot spell 'x': after 'w1' the regex allows no token, so the request ends there,
+    streamed or not, overlapped or not."""
+    constraint = common_pb2.Constraint(regex="w1x")
+    with Client(sequential_address) as sequential:
+        for caller in (client, sequential):
+            reply = caller.generate([5, 6], max_new_tokens=MAX_NEW, num_speculative_tokens=gamma, constraint=constraint)
+            assert list(reply.token_ids) == [1]
+            assert reply.finish_reason == coordinator_pb2.FINISH_REASON_CONSTRAINT_DEAD_END
+            chunks = list(
+                caller.stream([5, 6], max_new_tokens=MAX_NEW, num_speculative_tokens=gamma, constraint=constraint)
+            )
+            assert [t for c in chunks for t in c.token_ids] == [1]
+            assert chunks[-1].finish_reason == coordinator_pb2.FINISH_REASON_CONSTRAINT_DEAD_END

@@ -1,4 +1,5 @@
-"""Verify replicas that die leave placement, and the coordinator's health follows them: real processes, SIGKILL."""
+"""Verify replicas that die leave placement, and the coordinator's readiness follows them while its liveness
+stays SERVING (unready, not dead: kubelet must not restart it): real processes, SIGKILL."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specdec.client import Client
 from specdec.local_stack import start_service
+from specdec.serving.health_status import LIVENESS
 
 PROMPT = [3, 5, 7]
 
 
-def coordinator_health(address: str) -> int:
+def coordinator_health(address: str, service: str = "") -> int:
     with grpc.insecure_channel(address) as channel:
-        return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10).status
+        stub = health_pb2_grpc.HealthStub(channel)
+        return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status
 
 
 def outcome(client: Client, max_new_tokens: int = 6) -> grpc.StatusCode:
@@ -82,6 +85,7 @@ def test_a_dead_verify_replica_leaves_placement_and_health_follows_the_replicas(
             if coordinator_health(coordinator.address) == health_pb2.HealthCheckResponse.NOT_SERVING:
                 break
         assert coordinator_health(coordinator.address) == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert coordinator_health(coordinator.address, LIVENESS) == health_pb2.HealthCheckResponse.SERVING
 
         target_dir, _ = tiny_pair_dirs
         services["verify-b"] = start_service(

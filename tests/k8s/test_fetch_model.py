@@ -7,8 +7,11 @@ import functools
 import http.server
 import importlib.util
 import io
+import os
 import pathlib
+import re
 import tarfile
+import tempfile
 import threading
 
 import pytest
@@ -102,3 +105,47 @@ def test_refuses_what_is_no_model_or_escapes_it(tmp_path):
     with pytest.raises(fetch_model.FetchError, match="unknown scheme"):
         fetch_model.fetch_model("ftp://host/model.tar", tmp_path / "target")
     assert fetch_model.main([(tmp_path / "nothing").as_uri(), str(tmp_path / "target")]) == 1
+
+
+def refusal(volume: pathlib.Path, source: pathlib.Path) -> str:
+    """fetch_model's error for a volume it may not write, as the Job's non-root user meets it: as root, the
+    volume stays root-owned 0755 (a fresh GKE Filestore share) and a forked child drops to uid 10001 first."""
+    uri = f"file://{source}"
+    if os.getuid() != 0:
+        volume.chmod(0o555)
+        with pytest.raises(fetch_model.FetchError) as raised:
+            fetch_model.fetch_model(uri, volume / "target")
+        return str(raised.value)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        os.close(read)
+        try:
+            os.setgroups([])
+            os.setgid(10001)
+            os.setuid(10001)
+            fetch_model.fetch_model(uri, volume / "target")
+            message = "fetched"
+        except BaseException as error:  # noqa: BLE001 - whatever it was goes back to the test
+            message = str(error)
+        os.write(write, message.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        message = pipe.read()
+    os.waitpid(child, 0)
+    return message
+
+
+def test_a_volume_it_may_not_write_is_refused_naming_its_owner_and_mode():
+    """A fresh RWX share whose driver ignores fsGroup fails at once, saying who owns it and how to fix it."""
+    with tempfile.TemporaryDirectory() as scratch:  # under /tmp, which every user may traverse
+        root = pathlib.Path(scratch)
+        root.chmod(0o755)
+        volume, source = root / "models", make_model(root / "source")
+        volume.mkdir()
+        volume.chmod(0o755)
+        message = refusal(volume, source)
+        pattern = r"models is not writable by uid \d+ .* owned by \d+:\d+ with mode 0[57]55"
+        assert re.search(pattern, message), message
+        assert "Model weights" in message and not (volume / "target").exists()

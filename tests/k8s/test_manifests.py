@@ -7,208 +7,43 @@ autoscaling, storage, disruption budgets and QoS. So the manifests cannot drift 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib.util
-import os
-import pathlib
-import shlex
-import shutil
-import subprocess
-import tempfile
 
 import kubernetes_validate
 import pytest
 import yaml
+from crd_schema import validation_errors, vendored_crds
+from rendered import (
+    IMAGE_WORKDIR,
+    K8S_DIR,
+    MONITORING,
+    NAMESPACE,
+    OVERLAYS,
+    ROOT,
+    SETTINGS,
+    TOOLS,
+    all_pods,
+    container_env,
+    k8s_secrets,
+    named,
+    pod_templates,
+    port_of,
+    render,
+    selects,
+    service_of,
+    services,
+    with_secrets,
+)
 
 from coordinator.settings import CoordinatorSettings
 from draft_service.settings import DraftSettings
-from specdec.cli import SERVICE_MODULES
 from specdec.common.settings import env_name, parse_settings, settings_parser
+from specdec.serving.health_status import LIVENESS
 from specdec.telemetry.metrics import PREFIX
 from verify_service.settings import VerifySettings
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-K8S_DIR = ROOT / "k8s"
-OVERLAYS = sorted(path.parent.name for path in (K8S_DIR / "overlays").glob("*/kustomization.yaml"))
-MONITORING = "+monitoring"  # an overlay with k8s/components/monitoring added, as an operator would
-VARIANTS = [*OVERLAYS, *(overlay + MONITORING for overlay in OVERLAYS if overlay.startswith("gpu"))]
-_spec = importlib.util.spec_from_file_location("k8s_secrets", ROOT / "scripts" / "k8s_secrets.py")
-k8s_secrets = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(k8s_secrets)
-NAMESPACE = "specdec"
-# Checked by structure here, not by schema (kubernetes-validate knows no custom resources).
-CUSTOM_KINDS = ("RayCluster", "PodMonitor")
 # 1.30 is the oldest release the manifests target (preStop `sleep` on by default); the newest is current.
 KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
-SETTINGS = {"coordinator": CoordinatorSettings, "draft_service": DraftSettings, "verify_service": VerifySettings}
-IMAGE = "specdec"  # the repository's Dockerfile; containers of other images (redis) run no service
-KUBERAY_CONTAINERS = ("ray-head", "ray-worker")  # Ray nodes; the head may also exec a service
-# Containers of the image that run a tool, not a service: (what their script runs, the module or repository
-# file it needs, the SPECDEC_* variables the tool reads; those are settings of the coordinator).
-TOOLS = {
-    "seed-api-keys": (
-        "python -m coordinator.api_keys add",
-        "coordinator.api_keys",
-        {"SPECDEC_REDIS_URL", "SPECDEC_REDIS_KEY_PREFIX"},
-    ),
-    "fetch-models": ("python /app/scripts/fetch_model.py", "scripts/fetch_model.py", set()),
-}
-IMAGE_WORKDIR = "/app"  # the Dockerfile's WORKDIR, where `COPY . .` puts the repository
-
-
-def kustomize(directory: pathlib.Path) -> str:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed: cannot run `kubectl kustomize` to render the overlays")
-    done = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, f"kubectl kustomize {directory} failed:\n{done.stderr}"
-    return done.stdout
-
-
-@functools.cache
-def render(variant: str) -> tuple[dict, ...]:
-    """The objects of an overlay; `NAME+monitoring` adds the monitoring component on top of overlay NAME."""
-    overlay, _, component = variant.partition("+")
-    if not component:
-        return tuple(obj for obj in yaml.safe_load_all(kustomize(K8S_DIR / "overlays" / overlay)) if obj)
-    with tempfile.TemporaryDirectory() as scratch:  # kustomize wants relative paths
-        relative = pathlib.Path(os.path.relpath(K8S_DIR, scratch))
-        (pathlib.Path(scratch) / "kustomization.yaml").write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                    "kind": "Kustomization",
-                    "namespace": NAMESPACE,
-                    "resources": [str(relative / "overlays" / overlay)],
-                    "components": [str(relative / "components" / component)],
-                }
-            )
-        )
-        return tuple(obj for obj in yaml.safe_load_all(kustomize(pathlib.Path(scratch))) if obj)
-
-
-@pytest.fixture(params=VARIANTS)
-def overlay(request) -> str:
-    return request.param
-
-
-def pod_templates(obj: dict) -> list[tuple[str, dict]]:
-    """(where, pod template) for each pod the object creates."""
-    where = f"{obj['kind']}/{obj['metadata']['name']}"
-    if obj["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
-        return [(where, obj["spec"]["template"])]
-    if obj["kind"] == "RayCluster":
-        groups = [
-            (f"{where} head", obj["spec"]["headGroupSpec"]["template"]),
-            *((f"{where} {group['groupName']}", group["template"]) for group in obj["spec"]["workerGroupSpecs"]),
-        ]
-        ray_label = {"ray.io/cluster": obj["metadata"]["name"]}  # what KubeRay labels the pods with
-        return [
-            (w, {**t, "metadata": {**t["metadata"], "labels": {**t["metadata"]["labels"], **ray_label}}})
-            for w, t in groups
-        ]
-    return []
-
-
-def all_pods(objects) -> list[tuple[str, dict, dict]]:
-    """(where, pod template, owning object) over the whole render."""
-    return [(where, template, obj) for obj in objects for where, template in pod_templates(obj)]
-
-
-def named(objects, kind: str, name: str) -> dict | None:
-    return next((o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name), None)
-
-
-def final_argv(container: dict) -> list[str]:
-    """What the container ends up running: for a shell wrapper (`bash -c "...; exec python -m ..."`), the
-    command after its last `exec`."""
-    argv = [*container.get("command", []), *container.get("args", [])]
-    if argv and pathlib.PurePath(argv[0]).name in ("sh", "bash"):
-        script = argv[-1]
-        argv = shlex.split(script.rpartition("exec ")[2]) if "exec " in script else []
-    return argv
-
-
-def service_of(container: dict) -> tuple[str, list[str]] | None:
-    """(settings package, flags) of a container that runs one of the services, None for any other."""
-    argv = final_argv(container)
-    if container["image"].split("@")[0].split(":")[0].rsplit("/", 1)[-1] != IMAGE or container["name"] in TOOLS:
-        return None
-    if container["name"] in KUBERAY_CONTAINERS and argv[:1] in ([], ["$KUBERAY_GEN_RAY_START_CMD"]):
-        return None  # a Ray node only
-    assert argv[:2] in (["python", "-m"], ["python3", "-m"]) and len(argv) > 2, (
-        f"container {container['name']}: command must be `python -m <service>`, got {argv}"
-    )
-    module, rest = argv[2], argv[3:]
-    if module == "specdec":
-        assert rest[:1] == ["serve"] and len(rest) > 1 and rest[1] in SERVICE_MODULES, (
-            f"container {container['name']}: `python -m specdec` needs `serve {'|'.join(SERVICE_MODULES)}`, got {rest}"
-        )
-        module, rest = SERVICE_MODULES[rest[1]], rest[2:]
-    assert importlib.util.find_spec(module) is not None, f"container {container['name']}: no module {module}"
-    package = module.split(".")[0]
-    assert package in SETTINGS, f"container {container['name']}: {module} is not a service entry point"
-    return package, rest
-
-
-def secret_contract() -> list[dict]:
-    """The Secrets the manifests read, as scripts/k8s_secrets.py makes them (they are not in the render, so that
-    applying never overwrites them); a Secret of no fixed keys (specdec-api-keys) holds any client names."""
-    return [
-        {"kind": "Secret", "metadata": {"name": name}, "data": dict.fromkeys(keys, ""), "anyKeys": not keys}
-        for name, keys in k8s_secrets.SECRET_KEYS.items()
-    ]
-
-
-def with_secrets(objects) -> list[dict]:
-    return [*objects, *secret_contract()]
-
-
-def container_env(objects, container: dict) -> tuple[dict[str, str | None], list[str]]:
-    """Every variable the container gets (value None when it comes from a secret or the downward API), and
-    the references to objects missing from the render (or from the Secrets scripts/k8s_secrets.py makes)."""
-    objects = with_secrets(objects)
-    env: dict[str, str | None] = {}
-    missing = []
-    for source in container.get("envFrom", []):
-        for kind, key in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
-            if key in source:
-                obj = named(objects, kind, source[key]["name"])
-                if obj is None:
-                    if not source[key].get("optional"):
-                        missing.append(f"{kind} {source[key]['name']}")
-                    continue
-                data = {**obj.get("data", {}), **obj.get("stringData", {})}
-                if kind == "Secret":
-                    data = {name: None for name in data}
-                env.update({source.get("prefix", "") + name: value for name, value in data.items()})
-    for var in container.get("env", []):
-        env[var["name"]] = var.get("value")
-        for kind, key in (("ConfigMap", "configMapKeyRef"), ("Secret", "secretKeyRef")):
-            ref = var.get("valueFrom", {}).get(key)
-            if ref:
-                obj = named(objects, kind, ref["name"])
-                data = {**obj.get("data", {}), **obj.get("stringData", {})} if obj else {}
-                if ref["key"] not in data and not ref.get("optional"):
-                    missing.append(f"{kind} {ref['name']} key {ref['key']}")
-                env[var["name"]] = data.get(ref["key"]) if kind == "ConfigMap" else None
-    return env, missing
-
-
-def services(objects):
-    """(where, pod template, owner, container, settings object) for each container running a service."""
-    for where, template, owner in all_pods(objects):
-        for container in template["spec"]["containers"]:
-            found = service_of(container)
-            if found:
-                package, flags = found
-                env, _ = container_env(objects, container)
-                known = {name: value for name, value in env.items() if value is not None}
-                yield where, template, owner, container, parse_settings(SETTINGS[package], flags, environ=known)
-
-
-def port_of(address: str) -> int:
-    return int(address.rpartition(":")[2])
 
 
 def test_the_issue_overlays_exist():
@@ -217,11 +52,20 @@ def test_the_issue_overlays_exist():
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_every_object_passes_strict_validation(overlay, version):
+    """Built-in kinds with kubernetes-validate; custom resources against their operators' vendored CRDs
+    (tests/k8s/schemas), a RayCluster's pod templates also as Pods. The CRD is that of the oldest KubeRay
+    k8s/README.md names (tests/k8s/test_operators.py checks they agree): before, it named v1.1 and v1.5, whose
+    CRDs refuse the RayCluster (v1.5.2's its spec.upgradeStrategy, v1.1.0's that and lifecycle.preStop.sleep)."""
     failures = []
     for obj in render(overlay):
         if obj["kind"] == "PodMonitor":
             continue  # test_metrics_are_declared_scraped_and_drive_the_draft_autoscaler checks it
-        # A custom resource has no schema here: validate the pods it makes as Pods instead.
+        if obj["kind"] in vendored_crds():
+            _, crd = vendored_crds()[obj["kind"]]
+            failures += [f"{obj['kind']}/{obj['metadata']['name']}: {error}" for error in validation_errors(crd, obj)]
+        if obj["kind"] in ("Certificate", "Issuer"):
+            continue
+        # kubernetes-validate knows no custom resources: the pods a RayCluster makes are validated as Pods.
         checked = (
             [
                 {"apiVersion": "v1", "kind": "Pod", "metadata": t.get("metadata", {}), "spec": t["spec"]}
@@ -295,7 +139,9 @@ def check_tool(label: str, container: dict, specdec_vars: list[str]) -> list[str
     failures = []
     if runs not in " ".join([*container.get("command", []), *container.get("args", [])]):
         failures.append(f"{label}: does not run `{runs}`")
-    if needs.endswith(".py"):
+    if needs is None:  # a command of the image's system (chown)
+        pass
+    elif needs.endswith(".py"):
         ignored = (ROOT / ".dockerignore").read_text().split()
         if not (ROOT / needs).is_file() or needs.split("/")[0] in ignored or f"{IMAGE_WORKDIR}/{needs}" not in runs:
             failures.append(f"{label}: {needs} is not in the image at {IMAGE_WORKDIR}")
@@ -408,6 +254,23 @@ def test_probes_check_plaintext_health_ports_and_services_drain_inside_the_grace
     assert not failures, "\n".join(failures)
 
 
+# The grpc.health.v1 name each probe must check (specdec/serving/health_status.py).
+PROBED_NAMES = {"startupProbe": "", "readinessProbe": "", "livenessProbe": LIVENESS}
+
+
+def test_liveness_probes_check_the_process_and_readiness_probes_its_dependencies(overlay):
+    """Liveness reads the process-only name `liveness`, readiness and startup the overall name "", which follows
+    dependencies. Caught on the manifests before this: every probe read "", so a verify outage longer than the
+    liveness window (a RayCluster restart takes up to 30 minutes) restarted every coordinator."""
+    failures = []
+    for where, _, _, container, _ in services(render(overlay)):
+        for probe, name in PROBED_NAMES.items():
+            checked = container.get(probe, {}).get("grpc", {}).get("service", "")
+            if checked != name:
+                failures.append(f"{where} container {container['name']}: {probe} checks {checked!r}, not {name!r}")
+    assert not failures, "\n".join(failures)
+
+
 def test_gpu_counts_match_tensor_parallel_size_and_pools_differ(overlay):
     objects = render(overlay)
     failures, pools = [], {}
@@ -441,6 +304,22 @@ def test_no_secret_is_shipped(overlay):
     assert not [o["metadata"]["name"] for o in render(overlay) if o["kind"] == "Secret"]
 
 
+SOURCES = (("ConfigMap", "configMap", "name"), ("Secret", "secret", "secretName"))  # kind, volume field, name field
+
+
+def volume_sources(volume: dict) -> list[tuple[str, dict, str]]:
+    """(kind, source, name) for each ConfigMap or Secret a volume holds (a projected volume: several)."""
+    if "projected" in volume:  # its sources name their object `name`, Secrets too
+        sources = volume["projected"].get("sources", [])
+        return [
+            (kind, source[field], source[field]["name"])
+            for source in sources
+            for kind, field, _ in SOURCES
+            if field in source
+        ]
+    return [(kind, volume[field], volume[field][name_field]) for kind, field, name_field in SOURCES if field in volume]
+
+
 def references(template: dict) -> list[tuple[str, str, str | None, bool]]:
     """(kind, name, key or None for all of them, optional) for each ConfigMap or Secret a pod reads."""
     found = []
@@ -456,25 +335,24 @@ def references(template: dict) -> list[tuple[str, str, str | None, bool]]:
                 if ref:
                     found.append((kind, ref["name"], ref["key"], bool(ref.get("optional"))))
     for volume in spec.get("volumes", []):
-        for kind, field, name_field in (("ConfigMap", "configMap", "name"), ("Secret", "secret", "secretName")):
-            source = volume.get(field)
-            if source:
-                keys = [item["key"] for item in source.get("items", [])] or [None]
-                found += [(kind, source[name_field], key, bool(source.get("optional"))) for key in keys]
+        for kind, source, name in volume_sources(volume):
+            keys = [item["key"] for item in source.get("items", [])] or [None]
+            found += [(kind, name, key, bool(source.get("optional"))) for key in keys]
     return found
 
 
-def mounted_files(template: dict, container: dict) -> dict[str, tuple[str, str]]:
-    """mountPath -> (kind, name) of each ConfigMap or Secret volume the container mounts."""
+def mounted_files(template: dict, container: dict, keys_of: dict) -> tuple[set[str], set[str]]:
+    """(the mount paths of ConfigMap and Secret volumes, each file the container sees in them); a source of any
+    keys (specdec-api-keys) counts as its mount path."""
     volumes = {v["name"]: v for v in template["spec"].get("volumes", [])}
-    mounts = {}
+    roots, files = set(), set()
     for mount in container.get("volumeMounts", []):
-        volume = volumes.get(mount["name"], {})
-        if "secret" in volume:
-            mounts[mount["mountPath"]] = ("Secret", volume["secret"]["secretName"])
-        elif "configMap" in volume:
-            mounts[mount["mountPath"]] = ("ConfigMap", volume["configMap"]["name"])
-    return mounts
+        for kind, source, name in volume_sources(volumes.get(mount["name"], {})):
+            roots.add(mount["mountPath"])
+            keys, any_keys = keys_of.get((kind, name), (set(), True))
+            paths = [item["path"] for item in source.get("items", [])] or ([""] if any_keys else sorted(keys))
+            files |= {f"{mount['mountPath']}/{path}".rstrip("/") for path in paths}
+    return roots, files
 
 
 def test_every_configmap_and_secret_key_read_exists_and_every_one_shipped_is_read(overlay):
@@ -496,15 +374,17 @@ def test_every_configmap_and_secret_key_read_exists_and_every_one_shipped_is_rea
                 failures.append(f"{where}: reads key {key} of {kind} {name}, which has {sorted(keys)}")
             read[kind, name] |= keys if key is None else {key}
             read[kind, name].add(None)  # read at all
-        # A setting that names a file in a mounted ConfigMap or Secret names one of its keys.
+        # A setting that names a path in a mounted ConfigMap or Secret names one of its files, or a directory of them.
         for container in template["spec"]["containers"]:
             env, _ = container_env(objects, container)
-            for mount_path, (kind, name) in mounted_files(template, container).items():
-                keys, any_keys = keys_of.get((kind, name), (set(), True))
-                for var, value in env.items():
-                    if value and value.startswith(mount_path + "/") and not any_keys:
-                        if value.removeprefix(mount_path + "/") not in keys:
-                            failures.append(f"{where}: {var}={value} is no key of the mounted {kind} {name}")
+            roots, files = mounted_files(template, container, keys_of)
+            for var, value in env.items():
+                if not value or not any(value.startswith(root + "/") for root in roots):
+                    continue
+                if value not in files and not any(path.startswith(value + "/") for path in files):
+                    failures.append(
+                        f"{where}: {var}={value} is no file (or directory) of a mounted ConfigMap or Secret"
+                    )
     for (kind, name), (keys, _) in keys_of.items():
         unread = sorted(keys - read[kind, name]) if None in read[kind, name] else ["(the whole object)"]
         failures += [f"{kind} {name}: key {key} is shipped but no pod reads it" for key in unread]
@@ -547,22 +427,6 @@ def test_tls_everywhere_api_keys_required_and_redis_from_its_secret(overlay):
         if prefixes != {prefix}:
             failures.append(f"{where}: seeds keys under {prefix!r}, the coordinators read {sorted(prefixes)}")
     assert not failures, "\n".join(failures)
-
-
-def selects(selector: dict, labels: dict) -> bool:
-    """A label selector (matchLabels, matchExpressions) against labels."""
-    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
-        return False
-    for expression in selector.get("matchExpressions", []):
-        value, operator = labels.get(expression["key"]), expression["operator"]
-        if (
-            (operator == "In" and value not in expression["values"])
-            or (operator == "NotIn" and value in expression.get("values", []))
-            or (operator == "Exists" and value is None)
-            or (operator == "DoesNotExist" and value is not None)
-        ):
-            return False
-    return True
 
 
 def admitted(policies, source: dict, target: dict, port: int) -> bool:
@@ -666,9 +530,17 @@ def workload_replicas(objects, obj: dict) -> int:
     return hpa["spec"]["minReplicas"] if hpa else obj["spec"].get("replicas", 1)
 
 
+# Controllers with a scale subresource: a budget over their pods may use maxUnavailable or percentages. For any
+# other owner (a RayCluster has none) the disruption controller cannot count the pods it expects and the budget
+# stays SyncFailed, blocking every eviction: only an integer minAvailable works there.
+SCALABLE_OWNERS = ("Deployment", "StatefulSet", "ReplicaSet", "ReplicationController")
+
+
 def test_disruption_budgets_protect_a_pod_and_let_one_go(overlay):
     """Each budget of a Deployment or StatefulSet keeps one pod serving and lets a drain take one; a
-    RayCluster's (one TP group) allows none, on purpose: a group missing a rank cannot serve."""
+    RayCluster's (one TP group) allows none, on purpose: a group missing a rank cannot serve. It says so with an
+    integer minAvailable, its pod count, and lets a pod that is not ready go. Caught on the manifests before
+    this: `maxUnavailable: 0` over the RayCluster's pods, which leaves the budget SyncFailed."""
     objects = render(overlay)
     failures = []
     for pdb in (o for o in objects if o["kind"] == "PodDisruptionBudget"):
@@ -680,9 +552,17 @@ def test_disruption_budgets_protect_a_pod_and_let_one_go(overlay):
         if not owners:
             failures.append(f"PodDisruptionBudget/{pdb['metadata']['name']} selects no pods")
         for where, owner in owners:
-            if owner["kind"] == "RayCluster":
-                if pdb["spec"].get("maxUnavailable") != 0:
-                    failures.append(f"{where}: a TP group must not lose a rank to a drain")
+            if owner["kind"] not in SCALABLE_OWNERS:
+                minimum = pdb["spec"].get("minAvailable")
+                if "maxUnavailable" in pdb["spec"] or not isinstance(minimum, int):
+                    failures.append(f"{where}: a {owner['kind']} has no scale subresource: use an integer minAvailable")
+                pods = 1 + sum(group["replicas"] for group in owner["spec"].get("workerGroupSpecs", []))
+                if minimum != pods:
+                    failures.append(
+                        f"{where}: a TP group must not lose a rank to a drain: minAvailable {minimum} != {pods}"
+                    )
+                if pdb["spec"].get("unhealthyPodEvictionPolicy") != "AlwaysAllow":
+                    failures.append(f"{where}: a broken group's pods (not ready) must stay evictable")
                 continue
             replicas = workload_replicas(objects, owner)
             allowed = pdb["spec"].get("maxUnavailable", replicas - pdb["spec"].get("minAvailable", 0))

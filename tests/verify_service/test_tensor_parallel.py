@@ -27,6 +27,7 @@ from specdec.decoding.reference_loop import target_only_generate
 from specdec.engine.model_runtime import LoadedModel, ModelSettings
 from specdec.local_stack import ServiceProcess, start_service
 from specdec.sampling.rules import SamplingParams
+from specdec.serving.health_status import LIVENESS
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from verify_service.rank_launchers import LocalLauncher
 from verify_service.service import OPEN, VERIFY, VerifyService
@@ -105,8 +106,8 @@ def verifier(stack):
         yield verifier_pb2_grpc.VerifierStub(channel), health_pb2_grpc.HealthStub(channel)
 
 
-def health_status(health: health_pb2_grpc.HealthStub) -> int:
-    return health.Check(health_pb2.HealthCheckRequest(), timeout=5).status
+def health_status(health: health_pb2_grpc.HealthStub, service: str = "") -> int:
+    return health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
 
 
 def test_greedy_output_is_token_identical_to_tp1_on_ten_prompts(client, verifier, target):
@@ -292,6 +293,8 @@ def test_a_failed_worker_rank_fails_the_request_unavailable_and_turns_the_servic
         if not kill:
             assert elapsed >= TP_TIMEOUT_S * 0.9  # the timeout, not an error, ended it
         assert health_status(health) == health_pb2.HealthCheckResponse.NOT_SERVING
+        # Liveness too: only a restart starts the group anew (kubelet's liveness probe reads this name).
+        assert health_status(health, LIVENESS) == health_pb2.HealthCheckResponse.NOT_SERVING
         with pytest.raises(grpc.RpcError) as later:  # later calls fail at once
             stub.Verify(verifier_pb2.VerifyRequest(session_id="doomed", base_len=5, draft_token_ids=[1]), timeout=5)
         assert later.value.code() == grpc.StatusCode.UNAVAILABLE

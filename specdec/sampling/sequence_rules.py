@@ -1,0 +1,78 @@
+"""What one sequence's request does to its logits before they are sampled: penalties, a constraint, min_p.
+
+A sequence (a verifier's session, a drafter's lane) with such rules holds a `SequenceRules`. `shape` turns the rows
+of a block into the logits the sampling rules then use (specdec/sampling/rules.py: temperature, top-k, top-p): the
+penalties over each row's history, the constraint's mask after the drafted tokens before it, then min_p. The rules
+read the sequence's own tokens each time, so a rollback (a shorter sequence) moves them with the KV cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import xgrammar
+
+from specdec.common.errors import InvalidFieldError
+from specdec.sampling.constraints import ConstraintCompiler, ConstraintCursor, ConstraintSpec
+from specdec.sampling.penalties import apply_min_p, penalise_block
+from specdec.sampling.rules import SamplingParams
+
+
+@dataclass(frozen=True)
+class ShapedBlock:
+    """A block's logits [n, V] after the rules, and the first row whose constraint allows no token (or None)."""
+
+    logits: torch.Tensor
+    dead_row: int | None = None
+
+
+@dataclass
+class SequenceRules:
+    """The rules of one sequence: its params' penalties and min_p, and its constraint's cursor (None: none)."""
+
+    params: SamplingParams
+    output_start: int  # where the sequence's output begins: penalties and the constraint start there
+    cursor: ConstraintCursor | None = None
+
+    @staticmethod
+    def applies(params: SamplingParams, cursor: ConstraintCursor | None) -> bool:
+        """Whether such a sequence needs rules at all."""
+        return cursor is not None or params.penalised or (params.min_p > 0 and not params.greedy)
+
+    def fork(self) -> SequenceRules:
+        """An independent copy (a new draft lane)."""
+        return SequenceRules(self.params, self.output_start, self.cursor.fork() if self.cursor else None)
+
+    def shape(self, logits: torch.Tensor, tokens: Sequence[int], first: int) -> ShapedBlock:
+        """The rules on a block's logits [n, V]: row j predicts position first + j, after tokens[:first + j] (the
+        tokens past `first` are the block's drafted ones). A dead row's mask is left off: the caller ends there."""
+        logits = penalise_block(logits, tokens, self.output_start, first, self.params)
+        dead_row = None
+        if self.cursor is not None:
+            rows = logits.shape[0]
+            mask, dead_row = self.cursor.block_mask(tokens[self.output_start : first], tokens[first:], rows)
+            if dead_row is not None:
+                mask[dead_row] = -1  # all allowed: the caller never samples it
+            logits = logits.to(torch.float32, copy=True)  # masked in place
+            xgrammar.apply_token_bitmask_inplace(logits, mask.to(logits.device), vocab_size=logits.shape[-1])
+        return ShapedBlock(apply_min_p(logits, self.params), dead_row)
+
+
+def session_rules(
+    compiler: ConstraintCompiler | None,
+    params: SamplingParams,
+    prompt_len: int,
+    constraint: ConstraintSpec | None = None,
+    output_start: int = 0,
+) -> SequenceRules | None:
+    """The rules of a session opened on a prompt of prompt_len tokens whose output begins at output_start (0: the
+    prompt's end), or None when its request asks for none. A constraint is compiled by `compiler` (cached across
+    requests; InvalidFieldError for a bad one); a compiler of None (a drafter without a tokenizer) leaves it off."""
+    if not 0 <= output_start <= prompt_len:
+        raise InvalidFieldError("output_start", f"{output_start} is outside the prompt [0, {prompt_len}]")
+    cursor = compiler.cursor(constraint) if constraint is not None and compiler is not None else None
+    if not SequenceRules.applies(params, cursor):
+        return None
+    return SequenceRules(params, output_start or prompt_len, cursor)

@@ -1,0 +1,235 @@
+"""Constrained and penalised rounds in process: speculation changes the speed only.
+
+Held to: greedy speculative decoding with a JSON schema, a regex or penalties equals plain decoding under the same
+rules, token for token, and the JSON parses and validates; sampled output under a regex constraint and under
+penalties and min_p passes Pearson's chi-square test (significance 0.001) against the exact distribution of its
+first two tokens, computed here from the target's logits with the rules written out afresh (a repeat-rewarding penalty
+and min_p, whose effect on the pairs is clear of noise); a constraint the
+vocabulary cannot satisfy ends with a dead end on both paths; a cursor moved back and forth masks as a fresh one.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import math
+import re
+
+import jsonschema
+import pytest
+import torch
+from scipy.stats import chisquare
+from tiny_models import noisy_copy, save, tiny_llama
+
+from specdec.decoding.reference_loop import speculative_generate, target_only_generate
+from specdec.engine.model_runtime import LoadedModel, ModelSettings
+from specdec.local_stack import REPO_ROOT
+from specdec.sampling.constraints import ConstraintCompiler, ConstraintKind, ConstraintSpec
+from specdec.sampling.rules import SamplingParams, SamplingRule
+from specdec.sampling.sequence_rules import session_rules
+
+DEMO_TOKENIZER = REPO_ROOT / "models" / "demo-target"
+SCHEMAS = [
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "tags": {"type": "array", "items": {"enum": ["red", "green"]}, "maxItems": 3},
+            "inner": {
+                "type": "object",
+                "properties": {"n": {"type": "integer", "minimum": -50, "maximum": 50}},
+                "required": ["n"],
+            },
+        },
+        "required": ["name", "tags", "inner"],
+    },
+    {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}, "minItems": 1, "maxItems": 4},
+]
+REGEX = "(ab|cd|ef)[0-9]{1,3}"
+ALPHA = 0.001
+NO_PENALTIES = dict(repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0)
+SAMPLES = 1200
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A tiny random target and its noisy-copy draft over the demo tokenizer (8,192 byte-level BPE ids), loaded."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_TOKENIZER)
+    root = tmp_path_factory.mktemp("byte_pair")
+    target = tiny_llama(len(tokenizer), hidden=32, layers=2, seed=3)
+    draft = noisy_copy(target, 0.2, seed=4)
+    target_dir, draft_dir = save(target, tokenizer, root / "target"), save(draft, tokenizer, root / "draft")
+    return LoadedModel.load(ModelSettings(str(target_dir))), LoadedModel.load(ModelSettings(str(draft_dir)))
+
+
+@pytest.fixture(scope="module")
+def compiler(pair) -> ConstraintCompiler:
+    target = pair[0]
+    return ConstraintCompiler(target.tokenizer, target.vocab_size, target.eos_token_ids)
+
+
+def both_ways(pair, compiler, params, spec, prompt, max_new_tokens=48, gamma=4):
+    """(plain, speculative) GenerationResults under the same rules, each side with its own cursor."""
+    target, draft = pair
+
+    def rules():
+        return session_rules(compiler, params, len(prompt), spec)
+
+    plain = target_only_generate(target, prompt, params, max_new_tokens, rules=rules())
+    speculative = speculative_generate(
+        target, draft, prompt, gamma, params, max_new_tokens, target_rules=rules(), draft_rules=rules()
+    )
+    return plain, speculative
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=["object", "array"])
+def test_greedy_json_schema_equals_plain_and_validates(pair, compiler, schema):
+    spec = ConstraintSpec(ConstraintKind.JSON_SCHEMA, json.dumps(schema))
+    tokenizer = pair[0].tokenizer
+    for prompt_text in ("data = ", "x", "{"):
+        prompt = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+        plain, speculative = both_ways(pair, compiler, SamplingParams(), spec, prompt, max_new_tokens=120)
+        assert speculative.token_ids == plain.token_ids
+        assert plain.finished_by_eos, "the schema's output is bounded: it must end"
+        jsonschema.validate(json.loads(tokenizer.decode(plain.token_ids, skip_special_tokens=True)), schema)
+        assert speculative.stats.drafted > 0
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(repetition_penalty=1.5),
+        SamplingParams(frequency_penalty=1.2, presence_penalty=0.5),
+        SamplingParams(repetition_penalty=0.7, frequency_penalty=-0.4),
+    ],
+    ids=["repetition", "frequency+presence", "rewarding"],
+)
+def test_greedy_penalties_equal_plain(pair, compiler, params):
+    spec = ConstraintSpec(ConstraintKind.REGEX, REGEX) if params.repetition_penalty == 0.7 else None
+    saw_change = False
+    for seed in range(3):
+        prompt = [(seed * 37 + 11 * i) % 8000 + 1 for i in range(9)]
+        plain, speculative = both_ways(pair, compiler, params, spec, prompt, max_new_tokens=32)
+        assert speculative.token_ids == plain.token_ids
+        unpenalised = target_only_generate(pair[0], prompt, SamplingParams(), 32)
+        saw_change |= unpenalised.token_ids != plain.token_ids
+    assert saw_change, "the penalties changed no output: the test cannot tell"
+
+
+def test_dead_end_ends_both_paths(tiny_pair):
+    """A word-level vocabulary cannot spell 'x': after 'w1' the constraint allows no token."""
+    target, draft = tiny_pair
+    compiler = ConstraintCompiler(target.tokenizer, target.vocab_size, target.eos_token_ids)
+    spec = ConstraintSpec(ConstraintKind.REGEX, "w1x")
+    prompt = [3, 4, 5]
+    plain, speculative = both_ways((target, draft), compiler, SamplingParams(), spec, prompt)
+    assert plain.token_ids == speculative.token_ids == [1]
+    assert plain.dead_end and speculative.dead_end
+
+
+def test_cursor_rolled_back_masks_as_fresh(compiler, pair):
+    tokenizer = pair[0].tokenizer
+    spec = ConstraintSpec(ConstraintKind.JSON_SCHEMA, json.dumps(SCHEMAS[0]))
+    text = '{"name":"ab","tags":["red"],"inner":{"n":12}}'
+    tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
+    moved = compiler.cursor(spec)
+    for length in (len(tokens), 3, len(tokens) - 2, 0, 7):  # forward, back, forward, back to the start, forward
+        moved.sync(tokens[:length])
+    forked = moved.fork()
+    for cut in (7, 4, len(tokens)):
+        expected, _ = compiler.cursor(spec).block_mask(tokens[:cut], tokens[cut:], len(tokens) - cut + 1)
+        assert torch.equal(moved.block_mask(tokens[:cut], tokens[cut:], len(tokens) - cut + 1)[0], expected)
+        assert torch.equal(forked.block_mask(tokens[:cut], tokens[cut:], len(tokens) - cut + 1)[0], expected)
+
+
+def allowed(compiler, spec, generated) -> torch.Tensor:
+    """[V] bool: the tokens the constraint allows after `generated` (a fresh cursor, bit by bit)."""
+    mask, _ = compiler.cursor(spec).block_mask(generated, [], 1)
+    bits = torch.arange(compiler.vocab_size)
+    return ((mask[0, bits // 32] >> (bits % 32)) & 1).bool()
+
+
+@torch.no_grad()
+def exact_row(model, sequence, prompt_len, params, compiler=None, spec=None) -> torch.Tensor:
+    """[V] float64: the next-token distribution after `sequence`, rules written out plainly (vLLM's order)."""
+    logits = model.model(torch.tensor([sequence])).logits[0, -1, : model.vocab_size].double()
+    output = sequence[prompt_len:]
+    for token in set(sequence):
+        if params.repetition_penalty != 1.0:
+            r = params.repetition_penalty
+            logits[token] = logits[token] / r if logits[token] > 0 else logits[token] * r
+    for token in set(output):
+        logits[token] -= params.frequency_penalty * output.count(token) + params.presence_penalty
+    if spec is not None:
+        logits[~allowed(compiler, spec, output)] = -math.inf
+    probs = torch.softmax(logits / params.temperature, -1)
+    if params.min_p:
+        probs[probs < params.min_p * probs.max()] = 0
+        probs /= probs.sum()
+    return probs
+
+
+def pair_distribution(model, prompt, params, compiler=None, spec=None, top=6) -> dict:
+    """{(t1, t2): probability} over the `top` most likely first tokens, and {t1: p} for the rest."""
+    first = exact_row(model, prompt, len(prompt), params, compiler, spec)
+    cells = {}
+    for t1 in first.argsort(descending=True)[:top].tolist():
+        second = exact_row(model, [*prompt, t1], len(prompt), params, compiler, spec)
+        cells.update({(t1, t2): float(first[t1] * p) for t2, p in enumerate(second.tolist()) if p > 0})
+    return cells
+
+
+def chi_square(observed: collections.Counter, cells: dict, total: int) -> tuple[float, int]:
+    """p-value of observed pairs against the cells' probabilities; every pair outside the cells kept (expected 5
+    times or more) goes to one pooled cell, itself folded into the smallest cell when expected fewer than 5 times."""
+    kept = [cell for cell, p in cells.items() if p * total >= 5]
+    expected = [cells[c] * total for c in kept]
+    counts = [observed.get(c, 0) for c in kept]
+    rest_expected, rest_count = total - sum(expected), total - sum(counts)
+    if rest_expected >= 5:
+        expected.append(rest_expected)
+        counts.append(rest_count)
+    else:
+        smallest = expected.index(min(expected))
+        expected[smallest] += rest_expected
+        counts[smallest] += rest_count
+    return float(chisquare(counts, [e * total / sum(expected) for e in expected]).pvalue), len(kept)
+
+
+@pytest.mark.parametrize(
+    "params, constrained",
+    [
+        (SamplingParams(temperature=1.0), True),
+        (SamplingParams(temperature=1.0, rule=SamplingRule.COUPLED), True),
+        (SamplingParams(temperature=1.0, repetition_penalty=0.5, frequency_penalty=-1.0, min_p=0.05), False),
+        (
+            SamplingParams(
+                temperature=1.0, repetition_penalty=0.5, frequency_penalty=-1.0, min_p=0.05, rule=SamplingRule.COUPLED
+            ),
+            False,
+        ),
+    ],
+    ids=["regex-rejection", "regex-coupled", "penalties-rejection", "penalties-coupled"],
+)
+def test_sampled_pairs_follow_the_exact_distribution(pair, compiler, params, constrained):
+    target = pair[0]
+    spec = ConstraintSpec(ConstraintKind.REGEX, REGEX) if constrained else None
+    prompt = [5, 9, 5, 9, 5, 9, 52] if not constrained else [17, 52]  # the penalised: its pairs spread over cells
+    observed = collections.Counter()
+    for seed in range(SAMPLES):
+        seeded = dataclasses.replace(params, seed=seed)
+        rules = [session_rules(compiler, seeded, len(prompt), spec) for _ in range(2)]
+        speculative = speculative_generate(target, pair[1], prompt, 2, seeded, 2, *rules)
+        observed[tuple(speculative.token_ids[:2])] += 1
+    cells = pair_distribution(target, prompt, params, compiler, spec)
+    p_value, kept = chi_square(observed, cells, SAMPLES)
+    assert kept >= 8, "too few cells for a meaningful test"
+    assert p_value > ALPHA, f"p = {p_value:.2g} over {kept} cells"
+    if constrained:
+        assert all(re.fullmatch("(ab|cd|ef)[0-9]{0,3}", target.tokenizer.decode(list(t))) for t in observed)
+    else:  # the reference is the penalised distribution: it differs from the one without the penalties
+        plain = pair_distribution(target, prompt, dataclasses.replace(params, **NO_PENALTIES))
+        assert sum(abs(cells.get(c, 0.0) - plain.get(c, 0.0)) for c in {*cells, *plain}) / 2 > 0.02
