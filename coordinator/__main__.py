@@ -13,6 +13,9 @@ from transformers import AutoTokenizer, GenerationConfig
 
 from coordinator.background_tasks import BackgroundTasks
 from coordinator.certificate_watch import follow_replica_certificates
+from coordinator.openai_api.app import FrontConfig, build_app
+from coordinator.openai_api.backends import InProcessBackend
+from coordinator.openai_api.server import HttpServer
 from coordinator.replica_discovery import ReplicaDiscovery
 from coordinator.replica_targets import DnsResolver, ReplicaTargets
 from coordinator.replicas import Replica, ReplicaPool
@@ -141,6 +144,21 @@ def follow_verify_health(running: RunningServer, verify_pool: ReplicaPool) -> No
     verify_pool.on_health_change = lambda: updates.start(update())
 
 
+async def start_http_front(servicer: CoordinatorServicer, settings: CoordinatorSettings) -> HttpServer:
+    """The OpenAI-compatible HTTP API in this process, on the servicer itself: no hop between the two fronts."""
+    config = FrontConfig(
+        settings.model_names(settings.tokenizer),
+        servicer.tokenizer,
+        settings.default_max_tokens,
+        settings.http_request_timeout_s,
+    )
+    http = await HttpServer(
+        build_app(InProcessBackend(servicer), config), settings.http_address, settings, settings.grace_s
+    ).start()
+    log.info("OpenAI-compatible HTTP API on port %d, model %r", http.port, config.model_names[0])
+    return http
+
+
 async def serve(settings: CoordinatorSettings) -> None:
     start_telemetry("coordinator", settings)
     credentials = server_credentials(settings)  # TLS on the client-facing port, if set (fails early on bad files)
@@ -160,9 +178,12 @@ async def serve(settings: CoordinatorSettings) -> None:
         discovery.start()
     pools = [servicer.draft_pool, servicer.verify_pool]
     certificates = asyncio.ensure_future(follow_replica_certificates(replica_tls, pools, settings.call_timeout_s))
-    print(f"coordinator listening on port {running.port}", flush=True)
+    http = await start_http_front(servicer, settings) if settings.http_address else None
+    print(f"coordinator listening on port {running.port}{f', HTTP on port {http.port}' if http else ''}", flush=True)
     await wait_for_termination(running, settings.grace_s)
     certificates.cancel()
+    if http is not None:
+        await http.stop()
     await asyncio.gather(*(discovery.stop() for discovery in discoveries))
     await servicer.guard.close()
 

@@ -33,6 +33,11 @@ def current_api_key() -> ApiKey | None:
     return _CURRENT_KEY.get()
 
 
+def set_current_api_key(key: ApiKey | None) -> None:
+    """Makes `key` the current call's key (the HTTP front authenticates outside any gRPC call)."""
+    _CURRENT_KEY.set(key)
+
+
 def bearer_token(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
     """The token of an `authorization: Bearer TOKEN` entry, or None."""
     for name, value in metadata or ():

@@ -167,4 +167,6 @@ class Generation:
             committed.extend(tokens)
             if self.gate is not None:
                 self.gate.committed(len(tokens))
-            return self.text.add(tokens, ended=CONSTRAINT_DEAD_END if dead_end else None)
+            chunk = self.text.add(tokens, ended=CONSTRAINT_DEAD_END if dead_end else None)
+            chunk.logprobs = verdict.logprobs[: len(chunk.token_ids)]  # the tokens a stop rule kept
+            return chunk

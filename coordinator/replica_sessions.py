@@ -100,7 +100,9 @@ class ReplicaSessions:
             output_start=plan.output_start or len(plan.prompt_ids),
         )
         if lane == "verify":
-            return verifier_pb2.OpenVerifySessionRequest(**fields)
+            return verifier_pb2.OpenVerifySessionRequest(
+                **fields, logprobs=plan.top_logprobs is not None, top_logprobs=plan.top_logprobs or 0
+            )
         return drafter_pb2.OpenDraftSessionRequest(
             **fields, draft_method=plan.draft_method, num_lanes=len(self.state.lanes)
         )

@@ -42,7 +42,7 @@ from coordinator.session_registry import SessionRegistry
 from coordinator.settings import CoordinatorSettings
 from coordinator.text_stream import TextStream
 from specdec.common.errors import CapacityError, DownstreamUnavailableError, InvalidFieldError, RequestInProgressError
-from specdec.v1 import coordinator_pb2
+from specdec.v1 import common_pb2, coordinator_pb2
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +130,14 @@ class RequestGuard:
 
     def interceptors(self) -> list:
         """Server interceptors for the coordinator's port (API-key authentication when required)."""
+        authenticator = self.authenticator()
+        return [authenticator] if authenticator is not None else []
+
+    def authenticator(self) -> ApiKeyInterceptor | None:
+        """What checks API keys when they are required (the gRPC port's interceptor; the HTTP front calls it too)."""
         if not self.settings.require_api_key:
-            return []
-        return [ApiKeyInterceptor(ApiKeyStore(self.client, self.keys), describe_url(self.settings.redis_url))]
+            return None
+        return ApiKeyInterceptor(ApiKeyStore(self.client, self.keys), describe_url(self.settings.redis_url))
 
     @contextlib.asynccontextmanager
     async def admit(
@@ -173,6 +178,7 @@ class GuardedRequest:
         self.replay: coordinator_pb2.GenerateStreamResponse | None = None
         self.sent_ids: list[int] = []  # everything the client has been (or will be) sent, journaled part first
         self.sent_text: list[str] = []
+        self.sent_logprobs: list[common_pb2.TokenLogprob] = []  # of this attempt's tokens (the journal holds none)
         self.resumed_tokens = 0
         self.generated = 0
         self.reserved_tokens = 0
@@ -297,6 +303,7 @@ class GuardedRequest:
                 self.generated += len(reply.token_ids)
                 self.sent_ids.extend(reply.token_ids)
                 self.sent_text.append(reply.text)
+                self.sent_logprobs.extend(reply.logprobs)
                 await self._journal(reply)
                 yield reply
 
@@ -313,6 +320,8 @@ class GuardedRequest:
                     request_id=self.request_id,
                     stats=reply.stats if reply.HasField("stats") else None,
                 )
+                if not self.resumed_tokens:  # a resumed request's journaled part has none: the result neither
+                    result.logprobs.extend(self.sent_logprobs)
                 self.journaling = False
                 if not await journal.finish(self.scope, self.request_id, self.holder, result.SerializeToString()):
                     log.warning(

@@ -66,6 +66,17 @@ def stats_to_proto(stats: RequestStats, plan: GenerationPlan) -> coordinator_pb2
     )
 
 
+def add_chunk(response: coordinator_pb2.GenerateResponse, reply: coordinator_pb2.GenerateStreamResponse) -> None:
+    """Adds one streamed chunk to a whole response."""
+    response.text += reply.text
+    response.token_ids.extend(reply.token_ids)
+    response.logprobs.extend(reply.logprobs)
+    response.request_id = reply.request_id
+    response.finish_reason = reply.finish_reason
+    if reply.HasField("stats"):
+        response.stats.CopyFrom(reply.stats)
+
+
 def _publish_gate_throughput(level: int, speculative: bool, tokens_per_s: float) -> None:
     speculation_metrics().gate_throughput.labels(str(level), "speculative" if speculative else "plain").set(
         tokens_per_s
@@ -151,6 +162,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                         token_ids=chunk.token_ids,
                         finish_reason=FINISH_REASONS[chunk.finish_reason],
                         request_id=plan.request_id,
+                        logprobs=chunk.logprobs,
                     )
                     if chunk.finish_reason and request.include_stats:
                         generation.stats.total_ns = generation.elapsed_ns()
@@ -184,12 +196,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         response = coordinator_pb2.GenerateResponse()
         async with contextlib.aclosing(self._run(request, call_deadline(context))) as replies:
             async for reply in replies:
-                response.text += reply.text
-                response.token_ids.extend(reply.token_ids)
-                response.request_id = reply.request_id
-                response.finish_reason = reply.finish_reason
-                if reply.HasField("stats"):
-                    response.stats.CopyFrom(reply.stats)
+                add_chunk(response, reply)
         return response
 
     async def Info(self, request, context) -> coordinator_pb2.CoordinatorInfo:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coordinator.openai_api.settings import HttpApiSettings
 from specdec.common.settings import setting
 from specdec.engine.cpu_affinity import CpuAffinitySettings
 from specdec.engine.embedded_pair import DEMO_TARGET_DIR
@@ -13,10 +14,15 @@ from specdec.serving.tls import ServerTlsSettings
 
 
 @dataclass(frozen=True)
-class CoordinatorSettings(ServerTlsSettings, CpuAffinitySettings, ConstraintSettings):
-    """Everything the coordinator reads at start-up (tls_cert/tls_key/tls_client_ca: the client-facing port)."""
+class CoordinatorSettings(HttpApiSettings, ServerTlsSettings, CpuAffinitySettings, ConstraintSettings):
+    """Everything the coordinator reads at start-up (tls_cert/tls_key/tls_client_ca: the client-facing ports)."""
 
     address: str = setting("[::]:50051", "host:port of the client-facing gRPC API (port 0 picks a free port)")
+    http_address: str = setting(
+        "",
+        "host:port of the OpenAI-compatible HTTP API served by this process (port 0 picks a free port; empty: off); "
+        "TLS and API keys as on the gRPC port",
+    )
     draft_replicas: tuple[str, ...] = setting(
         ("localhost:50061",),
         "draft service addresses, comma-separated; dns:///NAME:PORT expands to every address NAME resolves to, "

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
+from specdec.v1 import common_pb2
+
 REPLACEMENT_CHAR = "\ufffd"
 CONSTRAINT_DEAD_END = "constraint_dead_end"  # the finish reason of a request whose constraint allows no next token
 
@@ -18,6 +20,7 @@ class Chunk:
     text: str
     token_ids: list[int]
     finish_reason: str | None = None  # "length", "stop", "eos", CONSTRAINT_DEAD_END on the last chunk
+    logprobs: Sequence[common_pb2.TokenLogprob] = ()  # of token_ids, when the request asked for them
 
 
 @dataclass

@@ -13,7 +13,7 @@ from coordinator.request_plan import GenerationPlan
 from coordinator.settings import CoordinatorSettings
 from specdec.common.errors import InvalidFieldError
 from specdec.sampling.rules import SamplingRule
-from specdec.serving.wire import check_token_ids, constraint_from_proto, sampling_from_proto
+from specdec.serving.wire import check_token_ids, checked_top_logprobs, constraint_from_proto, sampling_from_proto
 from specdec.v1 import common_pb2, coordinator_pb2
 
 MAX_STOP_STRINGS = 16
@@ -90,4 +90,5 @@ def plan_request(
         chain_rounds=settings.chain_rounds,
         predraft_guesses=settings.predraft_guesses,
         lookup_tokens=min(settings.lookup_tokens, max(0, settings.max_num_speculative_tokens - gamma - 1)),
+        top_logprobs=checked_top_logprobs(request.logprobs, request.top_logprobs),
     )

@@ -6,6 +6,8 @@
     python -m load_tests --start-stack --pair smollm2 --prompt-sets chat  # SmolLM2 and its draft, chat questions
     python -m load_tests --start-stack --concurrency 16 --modes spec --repeats 3 --baseline-batching-off
                                                                        # vs the same stack, batching off
+    python -m load_tests --start-stack --concurrency 1,16 --api openai --baseline-api grpc
+                                                                       # the HTTP API vs gRPC, one stack
 
 Writes `report.json` (every level, comparison and request), `levels.csv` (a row per level), PNG plots and
 `summary.txt` under --out (default load_tests/results/latest/, which git ignores; reports kept for the record
@@ -25,8 +27,8 @@ import time
 from benchmarks.pairs import PAIR_NAMES, model_pair
 from load_tests.plots import plot_report
 from load_tests.prompts import PROMPT_SETS
-from load_tests.report import summary_text, write_csv, write_json
-from load_tests.sweep import MODES, Sweep, SweepConfig
+from load_tests.report import baseline_headline, summary_text, write_csv, write_json
+from load_tests.sweep import APIS, MODES, Endpoint, Sweep, SweepConfig
 from specdec.engine.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
 from specdec.local_stack import REPO_ROOT, LocalStack
 
@@ -59,6 +61,19 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument("--address", help="HOST:PORT of a running coordinator")
     where.add_argument("--start-stack", action="store_true", help="start draft, verify and coordinator on loopback")
     p.add_argument("--allow-remote", action="store_true", help="accept an --address that is not loopback")
+    p.add_argument(
+        "--api",
+        choices=APIS,
+        default="grpc",
+        help="drive the stack over gRPC or over the OpenAI-compatible HTTP API (streamed /v1/completions) [grpc]",
+    )
+    p.add_argument("--http-address", default="", help="HOST:PORT of the running stack's HTTP API (with --address)")
+    p.add_argument(
+        "--http-front",
+        choices=("inside", "process"),
+        default="inside",
+        help="with --start-stack: serve the HTTP API inside the coordinator or in a process of its own [inside]",
+    )
     stack = p.add_argument_group("--start-stack")
     stack.add_argument(
         "--pair", choices=PAIR_NAMES, help="demo, or smollm2 with --prompt-sets chat (sets --target and --draft)"
@@ -84,6 +99,12 @@ def parser() -> argparse.ArgumentParser:
     baseline = p.add_argument_group(
         "baseline stack (with --start-stack): a second stack, the first one's flags plus "
         "these, that every level also runs on, back to back; the report compares them"
+    )
+    baseline.add_argument(
+        "--baseline-api",
+        choices=APIS,
+        default="",
+        help="the baseline is the same stack driven over this API (no second stack), e.g. grpc against --api openai",
     )
     baseline.add_argument(
         "--baseline-batching-off",
@@ -137,6 +158,18 @@ def parser() -> argparse.ArgumentParser:
         help="γ of the speculative mode [the server's default]",
     )
     load.add_argument("--temperature", type=float, default=0.0)
+    baseline.add_argument(
+        "--throughput-floor",
+        type=float,
+        default=None,
+        help="with a baseline: the report's headline says if each stack/baseline throughput ratio is at least this",
+    )
+    baseline.add_argument(
+        "--latency-ceiling",
+        type=float,
+        default=1.05,
+        help="with --throughput-floor: ... and every median e2e latency ratio at most this [1.05]",
+    )
     load.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     load.add_argument("--seed", type=int, default=0, help="prompt choice, request seeds and arrivals")
     load.add_argument("--request-timeout-s", type=float, default=300.0)
@@ -183,7 +216,8 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
         )
         if args.start_stack
         else "",
-        baseline=flags_description(baseline_args(args)),
+        baseline=f"api {args.baseline_api}" if args.baseline_api else flags_description(baseline_args(args)),
+        api=args.api,
     )
     try:
         config.plan()  # modes, repeats: refused here, before a stack starts
@@ -218,12 +252,21 @@ def write_outputs(report: dict, out: pathlib.Path) -> list[pathlib.Path]:
     return [*paths, out / "summary.txt"]
 
 
-def run(args: argparse.Namespace, address: str, baseline_address: str | None = None) -> dict:
+def endpoints(args: argparse.Namespace, address: str, http_address: str) -> list[Endpoint]:
+    """The stack under test and, with --baseline-api, the same stack over that API."""
+    under_test = Endpoint(address, args.api, http_address)
+    return [under_test] + ([Endpoint(address, args.baseline_api, http_address)] if args.baseline_api else [])
+
+
+def run(args: argparse.Namespace, address: Endpoint, baseline_address: Endpoint | None = None) -> dict:
     config = config_from_args(args)
     started = time.perf_counter()
     report = asyncio.run(
         Sweep(address, config, log=lambda line: print(line, flush=True), baseline_address=baseline_address).run()
     )
+    if args.throughput_floor is not None:
+        report["headline"] = baseline_headline(report, args.throughput_floor, args.latency_ceiling)
+        print(f"headline: {report['headline']}")
     paths = write_outputs(report, args.out)
     print(summary_text(report))
     print(f"sweep took {time.perf_counter() - started:.0f}s; wrote {', '.join(str(p) for p in paths)}")
@@ -239,12 +282,18 @@ def main(argv: list[str] | None = None) -> dict:
         args.coordinator_arg = [*pair.coordinator_flags, *args.coordinator_arg]
     config_from_args(args)  # fail on bad flags before starting anything
     extra = baseline_args(args)
+    if args.baseline_api and extra:
+        raise SystemExit("--baseline-api compares the same stack over two APIs: give no baseline stack flags with it")
+    http = "openai" in (args.api, args.baseline_api)
     if args.address:
         if extra:
             raise SystemExit("a baseline stack needs --start-stack")
-        if not args.allow_remote and not is_loopback(args.address):
-            raise SystemExit(f"{args.address} is not a loopback address; pass --allow-remote to load it anyway")
-        return run(args, args.address)
+        if http and not args.http_address:
+            raise SystemExit("--api openai against a running stack needs its --http-address")
+        for given in filter(None, (args.address, args.http_address)):
+            if not args.allow_remote and not is_loopback(given):
+                raise SystemExit(f"{given} is not a loopback address; pass --allow-remote to load it anyway")
+        return run(args, *endpoints(args, args.address, args.http_address))
     threads = ["--threads", str(args.threads)]
     with contextlib.ExitStack() as stacks:
         addresses = []
@@ -257,13 +306,21 @@ def main(argv: list[str] | None = None) -> dict:
                     args.draft,
                     draft_args=[*threads, *args.draft_arg, *more.get("draft", [])],
                     verify_args=[*threads, *args.verify_arg, *more.get("verify", [])],
-                    coordinator_args=[*args.coordinator_arg, *more.get("coordinator", [])],
+                    coordinator_args=[
+                        *args.coordinator_arg,
+                        *more.get("coordinator", []),
+                        *(["--http-address", "127.0.0.1:0"] if http and args.http_front == "inside" else []),
+                    ],
                 )
             )
+            if http and args.http_front == "process":  # on the coordinator's cores, if it has its own
+                stack.start_http_front(*(flag for flag in args.coordinator_arg if flag.startswith("--cpus")))
             print(
                 f"{name} ready in {time.perf_counter() - started:.1f}s: coordinator at {stack.address}, "
                 f"logs in {stack.log_dir}",
                 flush=True,
             )
-            addresses.append(stack.address)
+            addresses.append(Endpoint(stack.address, args.api, stack.http_address))
+        if args.baseline_api:
+            addresses = endpoints(args, stack.address, stack.http_address)
         return run(args, *addresses)

@@ -1,8 +1,9 @@
 """The load generator: one timed streaming request, and the closed-loop and open-loop (Poisson) drivers.
 
-Timing is on the client's monotonic clock around `Coordinator.GenerateStream`: time to first token (TTFT)
-is the first chunk carrying tokens; inter-token latency (ITL) is the gap between consecutive chunks. The
-coordinator sends one chunk per committed round, so in speculative mode one chunk carries several tokens
+Timing is on the client's monotonic clock around `Coordinator.GenerateStream`, or around a streamed
+`POST /v1/completions` of the OpenAI-compatible HTTP API (the same request, as server-sent events): time to first
+token (TTFT) is the first chunk carrying tokens; inter-token latency (ITL) is the gap between consecutive chunks.
+Either API sends one chunk per committed round, so in speculative mode one chunk carries several tokens
 and its ITL is a round's latency; time per output token (TPOT = (e2e - TTFT) / (tokens - 1)) is the
 per-token figure that compares across modes.
 """
@@ -11,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+import aiohttp
 import grpc
 
 from specdec.v1 import coordinator_pb2, coordinator_pb2_grpc
@@ -99,6 +102,78 @@ async def timed_request(
         result.error = (error.details() or "")[:300]
     result.e2e_s = time.perf_counter() - started
     return result
+
+
+def completions_body(request: coordinator_pb2.GenerateRequest, model: str) -> tuple[str, dict]:
+    """The streamed completion that asks the HTTP API what `request` asks the gRPC API: (its path, its body), a chat
+    completion for a request of messages, a text completion otherwise."""
+    sampling = request.sampling
+    body = {
+        "model": model,
+        "max_tokens": request.max_new_tokens,
+        "temperature": sampling.temperature,
+        "stop": list(request.stop),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    for name in ("top_p", "seed"):
+        if sampling.HasField(name):
+            body[name] = getattr(sampling, name)
+    if sampling.top_k:
+        body["top_k"] = sampling.top_k
+    if request.HasField("num_speculative_tokens"):
+        body["num_speculative_tokens"] = request.num_speculative_tokens
+    if request.messages:
+        body["messages"] = [{"role": message.role, "content": message.content} for message in request.messages]
+        return "/v1/chat/completions", body
+    body["prompt"] = request.text
+    return "/v1/completions", body
+
+
+async def timed_http_request(
+    session: aiohttp.ClientSession, url: str, body: dict, index: int, level_start: float, timeout_s: float
+) -> RequestResult:
+    """Sends one streamed completion to the HTTP API and times every chunk (one per committed round); the status
+    of a failed request is its HTTP status (`HTTP_429`), its usage chunk gives the token counts and speculation."""
+    started = time.perf_counter()
+    result = RequestResult(index=index, status=OK, start_s=started - level_start, e2e_s=0.0)
+    last_chunk_at = None
+    try:
+        async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            if response.status != 200:
+                result.status, result.error = f"HTTP_{response.status}", (await response.text())[:300]
+            async for line in response.content if response.status == 200 else ():
+                if not line.startswith(b"data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                now = time.perf_counter()
+                if chunk.get("error"):
+                    result.status, result.error = f"HTTP_{chunk['error']['code']}", chunk["error"]["message"][:300]
+                for choice in chunk.get("choices", ()):
+                    if last_chunk_at is None:
+                        result.ttft_s = now - started
+                    else:
+                        result.itl_s.append(now - last_chunk_at)
+                    last_chunk_at = now
+                    result.chunks += 1
+                    result.finish_reason = (choice["finish_reason"] or "").upper() or result.finish_reason
+                if chunk.get("usage"):
+                    _take_usage(result, chunk["usage"])
+    except (aiohttp.ClientError, TimeoutError) as error:
+        result.status, result.error = type(error).__name__, str(error)[:300]
+    result.e2e_s = time.perf_counter() - started
+    return result
+
+
+def _take_usage(result: RequestResult, usage: dict) -> None:
+    speculation = usage["speculation"]
+    result.output_tokens = usage["completion_tokens"]
+    result.prompt_tokens = usage["prompt_tokens"]
+    result.rounds = speculation["verify_passes"]
+    result.drafted_tokens = speculation["drafted_tokens"]
+    result.accepted_tokens = speculation["accepted_tokens"]
+    result.acceptance_rate = speculation["acceptance_rate"]
+    result.mean_accepted_length = speculation["tokens_per_verify_pass"]
 
 
 Send = Callable[[int, float], Awaitable[RequestResult]]  # (request index, level start) -> result

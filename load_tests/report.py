@@ -262,6 +262,30 @@ def baseline_comparisons(levels: Sequence[dict]) -> list[dict]:
     return rows
 
 
+def baseline_headline(report: dict, throughput_floor: float, latency_ceiling: float) -> dict:
+    """Whether every (load, prompt set, mode) meets the floor of its stack/baseline throughput ratio and the ceiling of
+    its median e2e latency ratio, with the two figures each is the ratio of (medians over the runs)."""
+    rows = []
+    for row in report["baseline_comparisons"]:
+        throughput, latency = row["output_token_throughput_ratio"], row["e2e_p50_ratio"]
+        rows.append(
+            {
+                "level": f"{load_label(row).strip()} {row['prompt_set']} {row['mode']}",
+                "stack_tps": _median(row["stack_tps"]),
+                "baseline_tps": _median(row["baseline_tps"]),
+                "throughput_ratio": throughput,
+                "throughput_floor": throughput_floor,
+                "e2e_p50_ratio": latency,
+                "e2e_p50_ceiling": latency_ceiling,
+                "meets": throughput is not None
+                and latency is not None
+                and throughput >= throughput_floor
+                and latency <= latency_ceiling,
+            }
+        )
+    return {"rows": rows, "meets": bool(rows) and all(row["meets"] for row in rows)}
+
+
 def build_report(
     config: dict,
     server: dict,

@@ -6,9 +6,11 @@ noisy machine hits both modes alike and the ratios stay fair. With repeats, a pa
 row, still alternating (spec plain, plain spec, spec plain, ...), and the report's ratios are the medians of
 the runs' ratios.
 
-With a baseline stack (e.g. the same stack with batching off), every level also runs on the baseline, right
-after or right before the same level on the stack under test (the order alternating like the modes'), so the
-stack/baseline ratios, medians over the runs too, see the same drift on both sides.
+With a baseline stack (e.g. the same stack with batching off, or the same stack driven over its other API), every
+level also runs on the baseline, right after or right before the same level on the stack under test (the order
+alternating like the modes'), so the stack/baseline ratios, medians over the runs too, see the same drift on both
+sides. A stack is driven over gRPC (`Coordinator.GenerateStream`) or over the OpenAI-compatible HTTP API (a streamed
+`POST /v1/completions` of the same request); either way its coordinator's gRPC Info describes it.
 """
 
 from __future__ import annotations
@@ -23,13 +25,22 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 
+import aiohttp
 import grpc
 
 from load_tests.chat_prompts import chat_messages
-from load_tests.generator import LoopOutcome, RequestResult, run_closed_loop, run_open_loop, timed_request
+from load_tests.generator import (
+    LoopOutcome,
+    RequestResult,
+    completions_body,
+    run_closed_loop,
+    run_open_loop,
+    timed_http_request,
+    timed_request,
+)
 from load_tests.prompts import Prompt, load_prompt_set
 from load_tests.report import BASELINE, STACK, build_report, progress_line, request_record, summarize_level
 from specdec.client import build_request
@@ -38,6 +49,18 @@ from specdec.serving.server import channel_options
 from specdec.v1 import common_pb2, coordinator_pb2_grpc
 
 MODES = ("spec", "plain")
+Sender = Callable[..., Awaitable[RequestResult]]  # (request, index, level start) -> its result
+APIS = ("grpc", "openai")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """How the sweep reaches one stack: its coordinator's gRPC address (Info; the requests under the grpc API) and,
+    under the openai API, the HOST:PORT of its HTTP API."""
+
+    address: str
+    api: str = "grpc"
+    http_address: str = ""
 
 
 @dataclass(frozen=True)
@@ -91,7 +114,8 @@ class SweepConfig:
     warmup: int = 2  # unmeasured requests per mode before the first level
     repeats: int = 1  # runs of each (load, prompt set) pair; the ratios reported are the medians over them
     stack: str = ""  # the started stack's extra flags, for the record ("" = none, or a running stack)
-    baseline: str = ""  # what the baseline stack differs by (its extra flags); "" = no baseline stack
+    baseline: str = ""  # what the baseline stack differs by (its extra flags, or its API); "" = no baseline stack
+    api: str = "grpc"  # how the stack under test is driven: grpc or openai (the HTTP API)
 
     def requests_for(self, load: Load) -> int:
         if self.requests > 0:
@@ -149,11 +173,16 @@ class Sweep:
     builds the report."""
 
     def __init__(
-        self, address: str, config: SweepConfig, log: Callable[[str], None] = print, baseline_address: str | None = None
+        self,
+        address: str | Endpoint,
+        config: SweepConfig,
+        log: Callable[[str], None] = print,
+        baseline_address: str | Endpoint | None = None,
     ):
         if bool(config.baseline) != (baseline_address is not None):
             raise ValueError("a baseline stack needs both config.baseline and baseline_address")
-        self.addresses = {STACK: address, **({BASELINE: baseline_address} if baseline_address else {})}
+        endpoints = {STACK: address, **({BASELINE: baseline_address} if baseline_address else {})}
+        self.endpoints = {stack: e if isinstance(e, Endpoint) else Endpoint(e) for stack, e in endpoints.items()}
         self.config = config
         self.log = log
         self.run_id = uuid.uuid4().hex[:8]
@@ -176,14 +205,14 @@ class Sweep:
             request_id=request_id,
         )
 
-    async def _run_level(self, stub, level: LevelPlan, prompts: list[Prompt]) -> LoopOutcome:
+    async def _run_level(self, sender: Sender, level: LevelPlan, prompts: list[Prompt]) -> LoopOutcome:
         config = self.config
 
         async def send(index: int, level_start: float) -> RequestResult:
             request = self._request(
                 prompts[index % len(prompts)], level.mode, index, f"lt-{self.run_id}-{level.level_id}-{index}"
             )
-            return await timed_request(stub, request, index, level_start, config.request_timeout_s)
+            return await sender(request, index, level_start)
 
         if level.load.kind == "concurrency":
             return await run_closed_loop(send, int(level.load.value), level.requests, config.duration_s)
@@ -191,24 +220,26 @@ class Sweep:
             send, level.load.value, level.requests, config.duration_s, seed=config.seed + level.pair
         )
 
-    async def _warm_up(self, stub, prompts: list[Prompt]) -> None:
+    async def _warm_up(self, sender: Sender, prompts: list[Prompt]) -> None:
         for mode in self.config.modes:
             for index in range(self.config.warmup):
-                result = await timed_request(
-                    stub,
+                result = await sender(
                     self._request(
                         prompts[index % len(prompts)], mode, index, f"lt-{self.run_id}-warmup-{mode}-{index}"
                     ),
                     index,
                     time.perf_counter(),
-                    self.config.request_timeout_s,
                 )
                 if not result.ok:
                     self.log(f"warm-up request ({mode}) failed: {result.status} {result.error}")
 
-    async def _connect(self, channel: grpc.aio.Channel, stack: str) -> tuple[object, dict, int]:
-        """The stub of a stack's coordinator, its Info as the report's server record, and the spec mode's γ."""
-        address = self.addresses[stack]
+    async def _connect(
+        self, channel: grpc.aio.Channel, stack: str, resources: contextlib.AsyncExitStack
+    ) -> tuple[Sender, dict, int]:
+        """How to send a stack a request, its coordinator's Info as the report's server record, and the spec mode's
+        γ."""
+        endpoint = self.endpoints[stack]
+        address = endpoint.address
         try:
             await asyncio.wait_for(channel.channel_ready(), timeout=60)
         except TimeoutError:
@@ -224,32 +255,50 @@ class Sweep:
             "max_new_tokens_limit": info.max_new_tokens_limit,
             "max_context_tokens": info.max_context_tokens,
             "overlap": info.overlap,
+            "api": endpoint.api,
+            **({"http_address": endpoint.http_address} if endpoint.api == "openai" else {}),
         }
         gamma = self.config.num_speculative_tokens
-        return stub, server, gamma if gamma is not None else info.default_num_speculative_tokens
+        timeout_s = self.config.request_timeout_s
+        if endpoint.api == "openai":
+            session = await resources.enter_async_context(
+                aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+            )
+
+            async def sender(request, index: int, level_start: float) -> RequestResult:
+                path, body = completions_body(request, info.target_model_id)
+                url = f"http://{endpoint.http_address}{path}"
+                return await timed_http_request(session, url, body, index, level_start, timeout_s)
+
+        else:
+
+            async def sender(request, index: int, level_start: float) -> RequestResult:
+                return await timed_request(stub, request, index, level_start, timeout_s)
+
+        return sender, server, gamma if gamma is not None else info.default_num_speculative_tokens
 
     async def run(self) -> dict:
         """Runs every level, logging a progress line per level; returns the report dict."""
         config, plan = self.config, self.config.plan()
         pool = max(level.requests for level in plan)
         prompts = {name: load_prompt_set(name, pool, seed=config.seed) for name in config.prompt_sets}
-        async with contextlib.AsyncExitStack() as channels:
-            stubs, servers, gammas = {}, {}, {}
-            for stack, address in self.addresses.items():
-                channel = await channels.enter_async_context(
-                    grpc.aio.insecure_channel(address, options=channel_options())
+        async with contextlib.AsyncExitStack() as resources:
+            senders, servers, gammas = {}, {}, {}
+            for stack, endpoint in self.endpoints.items():
+                channel = await resources.enter_async_context(
+                    grpc.aio.insecure_channel(endpoint.address, options=channel_options())
                 )
-                stubs[stack], servers[stack], gammas[stack] = await self._connect(channel, stack)
+                senders[stack], servers[stack], gammas[stack] = await self._connect(channel, stack, resources)
                 self.log(
-                    f"{stack} coordinator {address}: target {servers[stack]['target_model_id']}, γ {gammas[stack]}, "
-                    f"overlap {servers[stack]['overlap']}"
+                    f"{stack} coordinator {endpoint.address} over {endpoint.api}: target "
+                    f"{servers[stack]['target_model_id']}, γ {gammas[stack]}, overlap {servers[stack]['overlap']}"
                     + (f"; baseline: {config.baseline}" if stack == BASELINE else "")
                 )
-                await self._warm_up(stubs[stack], prompts[config.prompt_sets[0]])
+                await self._warm_up(senders[stack], prompts[config.prompt_sets[0]])
             self.log(f"{len(plan)} levels, prompt pool {pool} per set")
             levels, requests = [], []
             for level in plan:
-                outcome = await self._run_level(stubs[level.stack], level, prompts[level.prompt_set])
+                outcome = await self._run_level(senders[level.stack], level, prompts[level.prompt_set])
                 identity = {
                     "level_id": level.level_id,
                     "order": level.order,

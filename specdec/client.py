@@ -25,6 +25,8 @@ def build_request(
     request_id: str = "",
     draft_method: int = common_pb2.DRAFT_METHOD_UNSPECIFIED,
     messages: Sequence[Mapping[str, str]] = (),
+    logprobs: bool = False,
+    top_logprobs: int = 0,
     constraint: common_pb2.Constraint | None = None,
     **penalties: float,
 ) -> coordinator_pb2.GenerateRequest:
@@ -45,6 +47,8 @@ def build_request(
         request_id=request_id,
         draft_method=draft_method,
         messages=[coordinator_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in messages],
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
         constraint=constraint,
     )
     if isinstance(prompt, str):

@@ -16,7 +16,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
-_PORT_LINE = re.compile(r"listening on port (\d+)")
+_PORT_LINE = re.compile(r"listening on port (\d+)(?:, HTTP on port (\d+))?")
 
 
 @dataclass
@@ -27,6 +27,7 @@ class ServiceProcess:
     process: subprocess.Popen
     port: int
     log_path: pathlib.Path
+    http_port: int | None = None  # a coordinator's OpenAI-compatible HTTP API, when it serves one
 
     @property
     def address(self) -> str:
@@ -74,7 +75,8 @@ def start_service(
             )
         match = _PORT_LINE.search(line)
         if match:
-            return ServiceProcess(name, process, int(match.group(1)), log_path)
+            http_port = int(match.group(2)) if match.group(2) else None
+            return ServiceProcess(name, process, int(match.group(1)), log_path, http_port)
     process.kill()
     raise TimeoutError(f"{name} did not report a port within {timeout_s:.0f}s; see {log_path}")
 
@@ -133,10 +135,24 @@ class LocalStack:
         self.services[name] = start_service(name, "coordinator", [*self.wiring(), *args], self.log_dir, env=self.env)
         return self.services[name]
 
+    def start_http_front(self, *extra_args: str) -> ServiceProcess:
+        """Starts the HTTP front in a process of its own on this stack's coordinator (python -m specdec serve http)."""
+        args = ["--coordinator", self.address, "--tokenizer", self.target, *extra_args]
+        self.services["http"] = start_service("http", "coordinator.openai_api", args, self.log_dir, env=self.env)
+        return self.services["http"]
+
     @property
     def address(self) -> str:
         """The coordinator's client-facing address."""
         return self.services["coordinator"].address
+
+    @property
+    def http_address(self) -> str:
+        """The HTTP API's HOST:PORT: the front's own process, or the coordinator's ('' when neither serves one)."""
+        if "http" in self.services:
+            return self.services["http"].address
+        port = self.services["coordinator"].http_port
+        return f"127.0.0.1:{port}" if port else ""
 
     def stop(self) -> None:
         """Stops the coordinators first, then the replicas."""

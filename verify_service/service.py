@@ -34,6 +34,7 @@ class TargetSession:
     kv: KVSession
     params: SamplingParams
     rules: SequenceRules | None = None  # penalties, min_p, a constraint
+    top_logprobs: int | None = None  # verdicts carry their tokens' log-probabilities with this many alternatives
 
     def __len__(self) -> int:
         return len(self.kv)
@@ -87,14 +88,16 @@ class VerifyService:
         params: SamplingParams,
         constraint: ConstraintSpec | None = None,
         output_start: int = 0,
+        top_logprobs: int | None = None,
     ) -> int:
         """Opens a session and prefills the prompt, keeping its last row for the first round; returns the prefill time
-        in ns. The constraint and the penalties cover the tokens from output_start (0: the prompt's end)."""
-        return only_result(self.open_many([(session_id, prompt_ids, params, constraint, output_start)]))
+        in ns. The constraint and the penalties cover the tokens from output_start (0: the prompt's end); with
+        top_logprobs its verdicts carry log-probabilities with that many alternatives."""
+        return only_result(self.open_many([(session_id, prompt_ids, params, constraint, output_start, top_logprobs)]))
 
     def open_many(self, opens: Sequence[tuple]) -> list[int | Exception]:
-        """Opens sessions (session_id, prompt_ids, params[, constraint, output_start]) and prefills them in one pass;
-        per open the prefill time in ns, or its error."""
+        """Opens sessions (session_id, prompt_ids, params[, constraint, output_start[, top_logprobs]]) and prefills
+        them in one pass; per open the prefill time in ns, or its error."""
         return self._step(opens, [])[0]
 
     def verify(
@@ -111,10 +114,11 @@ class VerifyService:
         return self._step([], rounds)[1]
 
     def step_many(self, calls: Sequence[tuple]) -> list:
-        """One model step for the queued calls of distinct sessions, each (session_id, OPEN, prompt_ids, params)
-        or (session_id, VERIFY, base_len, draft_tokens, draft_probs): new sessions' prefills are packed into the
-        rounds' scoring pass, so an arriving request adds its prompt's tokens to a pass instead of a pass of its
-        own that every running session would wait for. Per call what open_many / verify_many return for it."""
+        """One model step for the queued calls of distinct sessions, each (session_id, OPEN, prompt_ids, params[,
+        constraint, output_start[, top_logprobs]]) or (session_id, VERIFY, base_len, draft_tokens, draft_probs): new
+        sessions' prefills are packed into the rounds' scoring pass, so an arriving request adds its prompt's tokens
+        to a pass instead of a pass of its own that every running session would wait for. Per call what open_many /
+        verify_many return for it."""
         kinds = [kind for _, kind, *_ in calls]
         opens = [(session_id, *rest) for session_id, kind, *rest in calls if kind == OPEN]
         rounds = [(session_id, *rest) for session_id, kind, *rest in calls if kind in ROUND_KINDS]
@@ -175,12 +179,12 @@ class VerifyService:
         open_results: list[int | Exception | None] = [None] * len(opens)
         opened: list[int] = []
         prefills: list[PlannedForward] = []
-        for index, (session_id, prompt_ids, params, *output) in enumerate(opens):
+        for index, (session_id, prompt_ids, params, *options) in enumerate(opens):
             try:
-                rules = session_rules(self.constraints, params, len(prompt_ids), *output)
+                rules = session_rules(self.constraints, params, len(prompt_ids), *options[:2])
                 self.sessions.reserve(session_id)
                 kv = KVSession(self.sessions_model, prompt_ids)
-                self.sessions.add(session_id, TargetSession(kv, params, rules))
+                self.sessions.add(session_id, TargetSession(kv, params, rules, *options[2:]))
                 self.preemptions.arrived(session_id)
             except Exception as error:  # noqa: BLE001 - that open fails alone
                 open_results[index] = error
@@ -211,6 +215,7 @@ class VerifyService:
                             session.params,
                             ends_request=bool(last_rounds) and last_rounds[index],
                             rules=session.rules,
+                            top_logprobs=session.top_logprobs,
                         ),
                     )
                 )

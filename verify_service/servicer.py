@@ -22,10 +22,12 @@ from specdec.serving.session_store import expire_idle_sessions
 from specdec.serving.wire import (
     call_deadline,
     check_token_ids,
+    checked_top_logprobs,
     constraint_from_proto,
     ends_after,
     follows_at_once,
     kv_block_info,
+    logprob_to_proto,
     probs_from_proto,
     session_sampling_from_proto,
 )
@@ -56,6 +58,7 @@ def _verify_response(verdict, timing, session_len: int, draining: bool) -> verif
         batch_rows=timing.batch_rows,
         batch_tokens=timing.batch_tokens,
         draining=draining,
+        logprobs=[logprob_to_proto(logprob) for logprob in verdict.logprobs],
     )
 
 
@@ -146,6 +149,15 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             prefill_ns = await self._run("step", *call)
         else:
             prefill_ns = await self._open_admitted(call, len(prompt), call_deadline(context))
+        top_logprobs = checked_top_logprobs(request.logprobs, request.top_logprobs)
+        constraint = constraint_from_proto(request.constraint)
+        if constraint is not None:  # compiled (or found in the cache) off the model thread, which opens with it
+            await asyncio.to_thread(self.service.constraints.compile, constraint)
+        admission = self._admission
+        async with nullcontext() if admission is None else admission.admitted(admission.blocks_needed(len(prompt))):
+            prefill_ns = await self._run(
+                "step", request.session_id, OPEN, prompt, params, constraint, request.output_start, top_logprobs
+            )
         return verifier_pb2.OpenVerifySessionResponse(session_len=len(prompt), prefill_ns=prefill_ns)
 
     async def _open_admitted(self, call: tuple, prompt_tokens: int, deadline: float | None) -> int:

@@ -7,6 +7,7 @@ device once per step; a round that fails (stale base_len, context overflow, non-
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from specdec.engine.step_batcher import only_result
 from specdec.sampling.round_judge import DraftRound, judge_rounds
 from specdec.sampling.rules import SamplingParams, Verdict
 from specdec.sampling.sequence_rules import SequenceRules
+from specdec.sampling.token_logprobs import committed_logprobs
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class VerifyJob:
     params: SamplingParams
     ends_request: bool = False  # the caller's request ends with this round: no round of the session follows
     rules: SequenceRules | None = None  # penalties, min_p, a constraint (specdec/sampling/sequence_rules.py)
+    top_logprobs: int | None = None  # the committed tokens' log-probabilities with this many alternatives; None: off
 
 
 PassHook = Callable[[int, int, int], None]  # (forward ns, prompt tokens prefilled, tokens fed for rounds)
@@ -97,19 +100,43 @@ def verify_rounds(
         outcomes = judge_rounds([round_ for _, round_, _, _ in judged], [logits for _, _, logits, _ in judged])
     except Exception as error:  # noqa: BLE001 - one that no single round caused fails each of them
         outcomes = [error] * len(judged)
+    outcomes = [  # every token before a dead end accepted: the request ends there
+        Verdict(o.accepted_tokens, None, is_bonus=False) if isinstance(o, Verdict) and o.num_accepted == dead else o
+        for (_, _, _, dead), o in zip(judged, outcomes)
+    ]
+    raw_logits = dict(zip((index for index, _ in planned), all_logits))  # before the rules shaped them
+    outcomes = _with_logprobs([jobs[i] for i, *_ in judged], [raw_logits[i] for i, *_ in judged], outcomes)
     timing = VerifyTiming(forward_ns, time.perf_counter_ns() - sampling_started, len(planned), batch_tokens)
-    for (index, _, _, dead_row), outcome in zip(judged, outcomes):
+    for (index, _, _, _), outcome in zip(judged, outcomes):
         job = jobs[index]
         if isinstance(outcome, Exception):
             job.session.truncate(job.base_len)
             results[index] = outcome
             continue
-        if outcome.num_accepted == dead_row:  # every token before the dead end accepted: the request ends there
-            outcome = Verdict(outcome.accepted_tokens, None, is_bonus=False)
         job.session.truncate(job.base_len + outcome.num_accepted)
         job.session.append(outcome.tokens[outcome.num_accepted :])
         results[index] = (outcome, timing)
     return results
+
+
+def _with_logprobs(
+    jobs: Sequence[VerifyJob], logits: Sequence[torch.Tensor], outcomes: list[Verdict | Exception]
+) -> list[Verdict | Exception]:
+    """The verdicts of the rounds that ask for log-probabilities with them (one more read of the device, for those
+    rounds together; none when no round asks). Row i of a round's logits is where its i-th committed token was
+    chosen, so accepted, recovered and bonus tokens all get the target's own figures."""
+    asking = [
+        r for r, (job, o) in enumerate(zip(jobs, outcomes)) if job.top_logprobs is not None and isinstance(o, Verdict)
+    ]
+    if not asking:
+        return outcomes
+    found = committed_logprobs(
+        [logits[r] for r in asking], [outcomes[r].tokens for r in asking], [jobs[r].top_logprobs for r in asking]
+    )
+    outcomes = list(outcomes)
+    for r, logprobs in zip(asking, found):
+        outcomes[r] = dataclasses.replace(outcomes[r], logprobs=tuple(logprobs))
+    return outcomes
 
 
 def verify_round(

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdec.sampling.token_logprobs import TokenLogprob
+
 _U64_LIMIT = 2**64
 MAX_REPETITION_PENALTY = 10.0
 MAX_ADDITIVE_PENALTY = 2.0  # frequency and presence penalties, as OpenAI's API bounds them
@@ -271,6 +273,7 @@ class Verdict:
     accepted_tokens: list[int]  # the accepted prefix of the draft tokens
     next_token: int | None  # recovered token after a rejection, or bonus token; None: the constraint's dead end
     is_bonus: bool
+    logprobs: tuple[TokenLogprob, ...] = ()  # of `tokens`, when the session asked for them (else empty)
 
     @property
     def num_accepted(self) -> int:

@@ -61,13 +61,18 @@ def _message(error: BaseException) -> str:
     return str(error) or type(error).__name__
 
 
-async def _abort(context: grpc.aio.ServicerContext, method: str, error: BaseException) -> None:
+def logged_status(method: str, error: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The status and message a failed call answers with, logged (with a traceback when unexpected)."""
     code = status_for(error)
     if code == grpc.StatusCode.INTERNAL and not isinstance(error, EXPLAINED_INTERNAL_ERRORS):
         log.exception("%s failed unexpectedly", method, exc_info=error)
     else:
         log.warning("%s -> %s: %s", method, code.name, _message(error))
-    await context.abort(code, _message(error))
+    return code, _message(error)
+
+
+async def _abort(context: grpc.aio.ServicerContext, method: str, error: BaseException) -> None:
+    await context.abort(*logged_status(method, error))
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from specdec.common.errors import InvalidFieldError
 from specdec.engine.kv.pool import KVPool
 from specdec.sampling.constraints import ConstraintKind, ConstraintSpec
 from specdec.sampling.rules import SamplingParams, SamplingRule
+from specdec.sampling.token_logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 from specdec.v1 import common_pb2, verifier_pb2
 
 PLAIN_STEP = -1  # VerifyNextResponse.round_index of the plain step (no guessed round matched the verdict)
@@ -173,3 +174,22 @@ def call_deadline(context) -> float | None:
     if remaining is None or remaining == float("inf"):
         return None
     return asyncio.get_running_loop().time() + remaining
+
+
+def checked_top_logprobs(logprobs: bool, top_logprobs: int) -> int | None:
+    """A request's `logprobs` and `top_logprobs` as the alternatives per token to return (None: no
+    log-probabilities); INVALID_ARGUMENT names `top_logprobs` past the limit or without `logprobs`."""
+    if top_logprobs > MAX_TOP_LOGPROBS:
+        raise InvalidFieldError("top_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs}")
+    if top_logprobs and not logprobs:
+        raise InvalidFieldError("top_logprobs", "needs logprobs set to true")
+    return top_logprobs if logprobs else None
+
+
+def logprob_to_proto(logprob: TokenLogprob) -> common_pb2.TokenLogprob:
+    return common_pb2.TokenLogprob(
+        token_id=logprob.token,
+        logprob=logprob.logprob,
+        top_token_ids=logprob.top_tokens,
+        top_logprobs=logprob.top_logprobs,
+    )

@@ -122,3 +122,15 @@ class ServiceInfo(_message.Message):
     kv_blocks_free: int
     kv_blocks_shared: int
     def __init__(self, model_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_sha256: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., active_sessions: _Optional[int] = ..., kv_cache_tokens: _Optional[int] = ..., max_sessions: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., draft_methods: _Optional[_Iterable[_Union[DraftMethod, str]]] = ..., step_cost_fixed_ns: _Optional[float] = ..., step_cost_per_token_ns: _Optional[float] = ..., kv_block_size: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., kv_blocks_shared: _Optional[int] = ...) -> None: ...
+
+class TokenLogprob(_message.Message):
+    __slots__ = ("token_id", "logprob", "top_token_ids", "top_logprobs")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    logprob: float
+    top_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    top_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...

@@ -36,7 +36,7 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("text", "token_ids", "max_new_tokens", "sampling", "stop", "num_speculative_tokens", "include_stats", "request_id", "draft_method", "messages", "constraint")
+    __slots__ = ("text", "token_ids", "max_new_tokens", "sampling", "stop", "num_speculative_tokens", "include_stats", "request_id", "draft_method", "messages", "logprobs", "top_logprobs", "constraint")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,8 @@ class GenerateRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DRAFT_METHOD_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: TokenIds
@@ -58,8 +60,10 @@ class GenerateRequest(_message.Message):
     request_id: str
     draft_method: _common_pb2.DraftMethod
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    logprobs: bool
+    top_logprobs: int
     constraint: _common_pb2.Constraint
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., num_speculative_tokens: _Optional[int] = ..., include_stats: _Optional[bool] = ..., request_id: _Optional[str] = ..., draft_method: _Optional[_Union[_common_pb2.DraftMethod, str]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., constraint: _Optional[_Union[_common_pb2.Constraint, _Mapping]] = ...) -> None: ...
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., num_speculative_tokens: _Optional[int] = ..., include_stats: _Optional[bool] = ..., request_id: _Optional[str] = ..., draft_method: _Optional[_Union[_common_pb2.DraftMethod, str]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., constraint: _Optional[_Union[_common_pb2.Constraint, _Mapping]] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
     __slots__ = ("rounds", "drafted_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "accepted_per_position", "drafted_per_position", "draft_ns", "verify_ns", "sampling_ns", "wire_ns", "prefill_ns", "total_ns", "predraft_attempts", "predraft_hits", "seed", "prompt_tokens", "predraft_guesses", "chained_rounds", "wire_bytes", "sampling_rule", "verify_session_moves", "draft_session_moves")
@@ -112,32 +116,36 @@ class GenerationStats(_message.Message):
     def __init__(self, rounds: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., drafted_per_position: _Optional[_Iterable[int]] = ..., draft_ns: _Optional[int] = ..., verify_ns: _Optional[int] = ..., sampling_ns: _Optional[int] = ..., wire_ns: _Optional[int] = ..., prefill_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., predraft_attempts: _Optional[int] = ..., predraft_hits: _Optional[int] = ..., seed: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., predraft_guesses: _Optional[int] = ..., chained_rounds: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., sampling_rule: _Optional[_Union[_common_pb2.SamplingRule, str]] = ..., verify_session_moves: _Optional[int] = ..., draft_session_moves: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("text", "token_ids", "finish_reason", "stats", "request_id")
+    __slots__ = ("text", "token_ids", "finish_reason", "stats", "request_id", "logprobs")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finish_reason: FinishReason
     stats: GenerationStats
     request_id: str
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stats: _Optional[_Union[GenerationStats, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stats: _Optional[_Union[GenerationStats, _Mapping]] = ..., request_id: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class GenerateStreamResponse(_message.Message):
-    __slots__ = ("text", "token_ids", "finish_reason", "stats", "request_id")
+    __slots__ = ("text", "token_ids", "finish_reason", "stats", "request_id", "logprobs")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finish_reason: FinishReason
     stats: GenerationStats
     request_id: str
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stats: _Optional[_Union[GenerationStats, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stats: _Optional[_Union[GenerationStats, _Mapping]] = ..., request_id: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class CoordinatorInfo(_message.Message):
     __slots__ = ("target_model_id", "draft_replicas", "verify_replicas", "default_num_speculative_tokens", "max_num_speculative_tokens", "max_new_tokens_limit", "max_context_tokens", "overlap")

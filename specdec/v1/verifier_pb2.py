@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19specdec/v1/verifier.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\xe9\x01\n\x18OpenVerifySessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12/\n\rsampling_rule\x18\x04 \x01(\x0e\x32\x18.specdec.v1.SamplingRule\x12*\n\nconstraint\x18( \x01(\x0b\x32\x16.specdec.v1.Constraint\x12\x14\n\x0coutput_start\x18) \x01(\r\"D\n\x19OpenVerifySessionResponse\x12\x13\n\x0bsession_len\x18\x01 \x01(\r\x12\x12\n\nprefill_ns\x18\x02 \x01(\x04\"\xaf\x01\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61se_len\x18\x02 \x01(\r\x12\x17\n\x0f\x64raft_token_ids\x18\x03 \x03(\x05\x12\x32\n\x0b\x64raft_probs\x18\x04 \x01(\x0b\x32\x1d.specdec.v1.ProbabilityMatrix\x12+\n\tnext_call\x18\x05 \x01(\x0b\x32\x18.specdec.v1.NextCallHint\"]\n\x0cNextCallHint\x12\x19\n\x11\x61\x66ter_any_verdict\x18\x01 \x01(\x08\x12\x32\n\x0e\x61\x66ter_verdicts\x18\x02 \x03(\x0b\x32\x1a.specdec.v1.GuessedVerdict\"T\n\x0eGuessedVerdict\x12\x14\n\x0cnum_accepted\x18\x01 \x01(\r\x12\x1a\n\rnext_token_id\x18\x02 \x01(\x05H\x00\x88\x01\x01\x42\x10\n\x0e_next_token_id\"\xaf\x01\n\x11VerifyNextRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_base_len\x18\x02 \x01(\r\x12(\n\x06rounds\x18\x03 \x03(\x0b\x32\x18.specdec.v1.GuessedRound\x12\x17\n\x0fplain_otherwise\x18\x04 \x01(\x08\x12+\n\tnext_call\x18\x05 \x01(\x0b\x32\x18.specdec.v1.NextCallHint\"\x88\x01\n\x0cGuessedRound\x12+\n\x07verdict\x18\x01 \x01(\x0b\x32\x1a.specdec.v1.GuessedVerdict\x12\x17\n\x0f\x64raft_token_ids\x18\x02 \x03(\x05\x12\x32\n\x0b\x64raft_probs\x18\x03 \x01(\x0b\x32\x1d.specdec.v1.ProbabilityMatrix\"c\n\x12VerifyNextResponse\x12\x0b\n\x03ran\x18\x01 \x01(\x08\x12\x13\n\x0bround_index\x18\x02 \x01(\x05\x12+\n\x07verdict\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.VerifyResponse\"\xec\x01\n\x0eVerifyResponse\x12\x1a\n\x12\x61\x63\x63\x65pted_token_ids\x18\x01 \x03(\x05\x12\x15\n\rnext_token_id\x18\x02 \x01(\x05\x12\x10\n\x08is_bonus\x18\x03 \x01(\x08\x12\x13\n\x0bsession_len\x18\x04 \x01(\r\x12\x12\n\nforward_ns\x18\x05 \x01(\x04\x12\x13\n\x0bsampling_ns\x18\x06 \x01(\x04\x12\x12\n\nbatch_rows\x18\x07 \x01(\r\x12\x14\n\x0c\x62\x61tch_tokens\x18\x08 \x01(\r\x12\x10\n\x08\x64raining\x18\x1e \x01(\x08\x12\x1b\n\x13\x63onstraint_dead_end\x18( \x01(\x08\x32\x81\x03\n\x08Verifier\x12Z\n\x0bOpenSession\x12$.specdec.v1.OpenVerifySessionRequest\x1a%.specdec.v1.OpenVerifySessionResponse\x12?\n\x06Verify\x12\x19.specdec.v1.VerifyRequest\x1a\x1a.specdec.v1.VerifyResponse\x12K\n\nVerifyNext\x12\x1d.specdec.v1.VerifyNextRequest\x1a\x1e.specdec.v1.VerifyNextResponse\x12Q\n\x0c\x43loseSession\x12\x1f.specdec.v1.CloseSessionRequest\x1a .specdec.v1.CloseSessionResponse\x12\x38\n\x04Info\x12\x17.specdec.v1.InfoRequest\x1a\x17.specdec.v1.ServiceInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19specdec/v1/verifier.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\x91\x02\n\x18OpenVerifySessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12/\n\rsampling_rule\x18\x04 \x01(\x0e\x32\x18.specdec.v1.SamplingRule\x12\x10\n\x08logprobs\x18\x14 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x15 \x01(\r\x12*\n\nconstraint\x18( \x01(\x0b\x32\x16.specdec.v1.Constraint\x12\x14\n\x0coutput_start\x18) \x01(\r\"D\n\x19OpenVerifySessionResponse\x12\x13\n\x0bsession_len\x18\x01 \x01(\r\x12\x12\n\nprefill_ns\x18\x02 \x01(\x04\"\xaf\x01\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61se_len\x18\x02 \x01(\r\x12\x17\n\x0f\x64raft_token_ids\x18\x03 \x03(\x05\x12\x32\n\x0b\x64raft_probs\x18\x04 \x01(\x0b\x32\x1d.specdec.v1.ProbabilityMatrix\x12+\n\tnext_call\x18\x05 \x01(\x0b\x32\x18.specdec.v1.NextCallHint\"]\n\x0cNextCallHint\x12\x19\n\x11\x61\x66ter_any_verdict\x18\x01 \x01(\x08\x12\x32\n\x0e\x61\x66ter_verdicts\x18\x02 \x03(\x0b\x32\x1a.specdec.v1.GuessedVerdict\"T\n\x0eGuessedVerdict\x12\x14\n\x0cnum_accepted\x18\x01 \x01(\r\x12\x1a\n\rnext_token_id\x18\x02 \x01(\x05H\x00\x88\x01\x01\x42\x10\n\x0e_next_token_id\"\xaf\x01\n\x11VerifyNextRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_base_len\x18\x02 \x01(\r\x12(\n\x06rounds\x18\x03 \x03(\x0b\x32\x18.specdec.v1.GuessedRound\x12\x17\n\x0fplain_otherwise\x18\x04 \x01(\x08\x12+\n\tnext_call\x18\x05 \x01(\x0b\x32\x18.specdec.v1.NextCallHint\"\x88\x01\n\x0cGuessedRound\x12+\n\x07verdict\x18\x01 \x01(\x0b\x32\x1a.specdec.v1.GuessedVerdict\x12\x17\n\x0f\x64raft_token_ids\x18\x02 \x03(\x05\x12\x32\n\x0b\x64raft_probs\x18\x03 \x01(\x0b\x32\x1d.specdec.v1.ProbabilityMatrix\"c\n\x12VerifyNextResponse\x12\x0b\n\x03ran\x18\x01 \x01(\x08\x12\x13\n\x0bround_index\x18\x02 \x01(\x05\x12+\n\x07verdict\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.VerifyResponse\"\x98\x02\n\x0eVerifyResponse\x12\x1a\n\x12\x61\x63\x63\x65pted_token_ids\x18\x01 \x03(\x05\x12\x15\n\rnext_token_id\x18\x02 \x01(\x05\x12\x10\n\x08is_bonus\x18\x03 \x01(\x08\x12\x13\n\x0bsession_len\x18\x04 \x01(\r\x12\x12\n\nforward_ns\x18\x05 \x01(\x04\x12\x13\n\x0bsampling_ns\x18\x06 \x01(\x04\x12\x12\n\nbatch_rows\x18\x07 \x01(\r\x12\x14\n\x0c\x62\x61tch_tokens\x18\x08 \x01(\r\x12*\n\x08logprobs\x18\x14 \x03(\x0b\x32\x18.specdec.v1.TokenLogprob\x12\x10\n\x08\x64raining\x18\x1e \x01(\x08\x12\x1b\n\x13\x63onstraint_dead_end\x18( \x01(\x08\x32\x81\x03\n\x08Verifier\x12Z\n\x0bOpenSession\x12$.specdec.v1.OpenVerifySessionRequest\x1a%.specdec.v1.OpenVerifySessionResponse\x12?\n\x06Verify\x12\x19.specdec.v1.VerifyRequest\x1a\x1a.specdec.v1.VerifyResponse\x12K\n\nVerifyNext\x12\x1d.specdec.v1.VerifyNextRequest\x1a\x1e.specdec.v1.VerifyNextResponse\x12Q\n\x0c\x43loseSession\x12\x1f.specdec.v1.CloseSessionRequest\x1a .specdec.v1.CloseSessionResponse\x12\x38\n\x04Info\x12\x17.specdec.v1.InfoRequest\x1a\x17.specdec.v1.ServiceInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,23 +33,23 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specdec.v1.verifier_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_OPENVERIFYSESSIONREQUEST']._serialized_start=67
-  _globals['_OPENVERIFYSESSIONREQUEST']._serialized_end=300
-  _globals['_OPENVERIFYSESSIONRESPONSE']._serialized_start=302
-  _globals['_OPENVERIFYSESSIONRESPONSE']._serialized_end=370
-  _globals['_VERIFYREQUEST']._serialized_start=373
-  _globals['_VERIFYREQUEST']._serialized_end=548
-  _globals['_NEXTCALLHINT']._serialized_start=550
-  _globals['_NEXTCALLHINT']._serialized_end=643
-  _globals['_GUESSEDVERDICT']._serialized_start=645
-  _globals['_GUESSEDVERDICT']._serialized_end=729
-  _globals['_VERIFYNEXTREQUEST']._serialized_start=732
-  _globals['_VERIFYNEXTREQUEST']._serialized_end=907
-  _globals['_GUESSEDROUND']._serialized_start=910
-  _globals['_GUESSEDROUND']._serialized_end=1046
-  _globals['_VERIFYNEXTRESPONSE']._serialized_start=1048
-  _globals['_VERIFYNEXTRESPONSE']._serialized_end=1147
-  _globals['_VERIFYRESPONSE']._serialized_start=1150
-  _globals['_VERIFYRESPONSE']._serialized_end=1386
-  _globals['_VERIFIER']._serialized_start=1389
-  _globals['_VERIFIER']._serialized_end=1774
+  _globals['_OPENVERIFYSESSIONREQUEST']._serialized_end=340
+  _globals['_OPENVERIFYSESSIONRESPONSE']._serialized_start=342
+  _globals['_OPENVERIFYSESSIONRESPONSE']._serialized_end=410
+  _globals['_VERIFYREQUEST']._serialized_start=413
+  _globals['_VERIFYREQUEST']._serialized_end=588
+  _globals['_NEXTCALLHINT']._serialized_start=590
+  _globals['_NEXTCALLHINT']._serialized_end=683
+  _globals['_GUESSEDVERDICT']._serialized_start=685
+  _globals['_GUESSEDVERDICT']._serialized_end=769
+  _globals['_VERIFYNEXTREQUEST']._serialized_start=772
+  _globals['_VERIFYNEXTREQUEST']._serialized_end=947
+  _globals['_GUESSEDROUND']._serialized_start=950
+  _globals['_GUESSEDROUND']._serialized_end=1086
+  _globals['_VERIFYNEXTRESPONSE']._serialized_start=1088
+  _globals['_VERIFYNEXTRESPONSE']._serialized_end=1187
+  _globals['_VERIFYRESPONSE']._serialized_start=1190
+  _globals['_VERIFYRESPONSE']._serialized_end=1470
+  _globals['_VERIFIER']._serialized_start=1473
+  _globals['_VERIFIER']._serialized_end=1858
 # @@protoc_insertion_point(module_scope)

@@ -8,20 +8,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenVerifySessionRequest(_message.Message):
-    __slots__ = ("session_id", "prompt_token_ids", "sampling", "sampling_rule", "constraint", "output_start")
+    __slots__ = ("session_id", "prompt_token_ids", "sampling", "sampling_rule", "logprobs", "top_logprobs", "constraint", "output_start")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_RULE_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_START_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
     sampling_rule: _common_pb2.SamplingRule
+    logprobs: bool
+    top_logprobs: int
     constraint: _common_pb2.Constraint
     output_start: int
-    def __init__(self, session_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., sampling_rule: _Optional[_Union[_common_pb2.SamplingRule, str]] = ..., constraint: _Optional[_Union[_common_pb2.Constraint, _Mapping]] = ..., output_start: _Optional[int] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., sampling_rule: _Optional[_Union[_common_pb2.SamplingRule, str]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., constraint: _Optional[_Union[_common_pb2.Constraint, _Mapping]] = ..., output_start: _Optional[int] = ...) -> None: ...
 
 class OpenVerifySessionResponse(_message.Message):
     __slots__ = ("session_len", "prefill_ns")
@@ -96,7 +100,7 @@ class VerifyNextResponse(_message.Message):
     def __init__(self, ran: _Optional[bool] = ..., round_index: _Optional[int] = ..., verdict: _Optional[_Union[VerifyResponse, _Mapping]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("accepted_token_ids", "next_token_id", "is_bonus", "session_len", "forward_ns", "sampling_ns", "batch_rows", "batch_tokens", "draining", "constraint_dead_end")
+    __slots__ = ("accepted_token_ids", "next_token_id", "is_bonus", "session_len", "forward_ns", "sampling_ns", "batch_rows", "batch_tokens", "logprobs", "draining", "constraint_dead_end")
     ACCEPTED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NEXT_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     IS_BONUS_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +109,7 @@ class VerifyResponse(_message.Message):
     SAMPLING_NS_FIELD_NUMBER: _ClassVar[int]
     BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
     BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_DEAD_END_FIELD_NUMBER: _ClassVar[int]
     accepted_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -115,6 +120,7 @@ class VerifyResponse(_message.Message):
     sampling_ns: int
     batch_rows: int
     batch_tokens: int
+    logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
     draining: bool
     constraint_dead_end: bool
-    def __init__(self, accepted_token_ids: _Optional[_Iterable[int]] = ..., next_token_id: _Optional[int] = ..., is_bonus: _Optional[bool] = ..., session_len: _Optional[int] = ..., forward_ns: _Optional[int] = ..., sampling_ns: _Optional[int] = ..., batch_rows: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., draining: _Optional[bool] = ..., constraint_dead_end: _Optional[bool] = ...) -> None: ...
+    def __init__(self, accepted_token_ids: _Optional[_Iterable[int]] = ..., next_token_id: _Optional[int] = ..., is_bonus: _Optional[bool] = ..., session_len: _Optional[int] = ..., forward_ns: _Optional[int] = ..., sampling_ns: _Optional[int] = ..., batch_rows: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., draining: _Optional[bool] = ..., constraint_dead_end: _Optional[bool] = ...) -> None: ...

@@ -467,6 +467,7 @@ def role(labels: dict) -> str:
 # Who must reach what, by component (or namespace) and container port; nothing else may.
 FLOWS = {
     ("anyone", "coordinator", 50051),
+    ("anyone", "coordinator", 8000),
     ("coordinator", "draft", 50061),
     ("coordinator", "verify", 50062),
     ("coordinator", "redis", 6379),

@@ -261,6 +261,35 @@ def test_tiny_sweep_against_a_baseline_stack(tiny_pair_dirs, tmp_path):
     assert "stack/baseline" in (out / "summary.txt").read_text()
 
 
+def test_tiny_sweep_over_the_http_api_against_grpc_on_one_stack(tiny_pair_dirs, tmp_path):
+    """One stack, its HTTP front in a process of its own (python -m specdec serve http), driven over both APIs: the
+    same greedy requests give the same tokens, and the report compares the two."""
+    target_dir, draft_dir = tiny_pair_dirs
+    common = ["--start-stack", "--target", str(target_dir), "--draft", str(draft_dir), "--prompt-sets", "words"]
+    report = main(
+        [
+            *common,
+            *("--concurrency", "2", "--modes", "spec", "--requests", "3", "--max-new-tokens", "6", "--gamma", "3"),
+            *("--warmup", "1", "--request-timeout-s", "60", "--out", str(tmp_path / "out")),
+            *("--api", "openai", "--http-front", "process", "--baseline-api", "grpc"),
+        ]
+    )
+    assert report["config"]["api"] == "openai" and report["config"]["baseline"] == "api grpc"
+    assert report["server"]["api"] == "openai" and report["baseline_server"]["api"] == "grpc"
+    assert report["server"]["address"] == report["baseline_server"]["address"]  # one coordinator
+    assert [(lv["stack"], lv["ok"]) for lv in report["levels"]] == [("stack", 3), ("baseline", 3)]
+    by_api = {}
+    for request in report["requests"]:
+        by_api.setdefault(request["level_id"].endswith("baseline"), []).append(request)
+    for http, grpc in zip(by_api[False], by_api[True]):
+        assert (
+            (http["output_tokens"], http["prompt_tokens"]) == (grpc["output_tokens"], grpc["prompt_tokens"]) != (0, 0)
+        )
+        assert http["finish_reason"] in ("LENGTH", "STOP") and http["chunks"] >= 1 and http["ttft_ms"] > 0
+    [row] = report["baseline_comparisons"]
+    assert row["output_token_throughput_ratio"] > 0
+
+
 def test_baseline_comparisons_are_medians_over_the_runs_with_both_stacks():
     def level(stack: str, repeat: int, tps: float) -> dict:
         return {
