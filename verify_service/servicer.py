@@ -141,23 +141,15 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         prompt = check_token_ids(request.prompt_token_ids, self.service.model.vocab_size, "prompt_token_ids")
         params = session_sampling_from_proto(request.sampling, request.sampling_rule)
         self.drain.refuse_if_draining()
-        constraint = constraint_from_proto(request.constraint)
-        if constraint is not None:  # compiled (or found in the cache) off the model thread, which opens with it
-            await asyncio.to_thread(self.service.constraints.compile, constraint)
-        call = (request.session_id, OPEN, prompt, params, constraint, request.output_start)
-        if self.admission is None:
-            prefill_ns = await self._run("step", *call)
-        else:
-            prefill_ns = await self._open_admitted(call, len(prompt), call_deadline(context))
         top_logprobs = checked_top_logprobs(request.logprobs, request.top_logprobs)
         constraint = constraint_from_proto(request.constraint)
         if constraint is not None:  # compiled (or found in the cache) off the model thread, which opens with it
             await asyncio.to_thread(self.service.constraints.compile, constraint)
-        admission = self._admission
-        async with nullcontext() if admission is None else admission.admitted(admission.blocks_needed(len(prompt))):
-            prefill_ns = await self._run(
-                "step", request.session_id, OPEN, prompt, params, constraint, request.output_start, top_logprobs
-            )
+        call = (request.session_id, OPEN, prompt, params, constraint, request.output_start, top_logprobs)
+        if self.admission is None:
+            prefill_ns = await self._run("step", *call)
+        else:
+            prefill_ns = await self._open_admitted(call, len(prompt), call_deadline(context))
         return verifier_pb2.OpenVerifySessionResponse(session_len=len(prompt), prefill_ns=prefill_ns)
 
     async def _open_admitted(self, call: tuple, prompt_tokens: int, deadline: float | None) -> int:
