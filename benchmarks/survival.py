@@ -1,7 +1,7 @@
 """Requests that survive: memory pressure, a dead verify replica, a rolling restart, minutes of random kills.
 
     python -m benchmarks.survival                        # kv_pressure, verify_kill, rolling_restart (~10 min)
-    python -m benchmarks.survival --scenarios chaos      # five minutes of random SIGKILLs (~8 min; cpujob heavy)
+    python -m benchmarks.survival --scenarios chaos      # five minutes of random SIGKILLs (~8 min)
     python -m benchmarks.survival --quick                # every scenario, small, into a temp folder
 
 Each scenario adds its section to benchmarks/results/survival.json (the others stay) and its entry to `headline`:

@@ -8,14 +8,16 @@ from tiny_models import make_pair
 
 from specdec.engine.attention.ragged_attention import load_kernel
 from specdec.engine.model_runtime import LoadedModel, ModelSettings
+from specdec.sampling.coupled_noise import load_noise_kernel
 
 torch.set_num_threads(1)
 
 
 def pytest_sessionstart(session):
-    """Builds the compiled attention kernel once (or finds it cached) before any test starts servers, whose
-    processes then load it instead of each waiting for one build within its start-up time."""
+    """Builds the compiled attention and noise kernels once (or finds them cached) before any test starts servers,
+    whose processes then load them instead of each waiting for one build within its start-up time."""
     load_kernel()
+    load_noise_kernel()
 
 
 @pytest.fixture(scope="session")

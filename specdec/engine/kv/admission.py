@@ -36,10 +36,15 @@ class KVCacheSettings:
 
     kv_cache_budget: float = setting(
         0.5,
-        "memory for the model's KV cache: bytes, or (at most 1) that share of the device's free memory "
-        "(CUDA: free GPU memory after loading, allocated at the first pass; CPU: available memory, taken as used)",
+        "memory for the model's KV cache: bytes, or (at most 1) a share (CUDA: of the GPU's total memory for all "
+        "this process holds, the pool getting what the weights leave, allocated before serving; two services on one "
+        "GPU give shares that sum under 1; CPU: of the available memory, taken as used)",
     )
-    kv_block_size: int = setting(16, "positions per KV cache block (the unit of allocation and of prefix sharing)")
+    kv_block_size: int = setting(
+        16,
+        "positions per KV cache block (the unit of allocation and of prefix sharing); on CUDA with the flex backend "
+        "16, 32, 64 or 128",
+    )
     kv_queue_limit: int = setting(
         64,
         "most new sessions waiting for free KV blocks at once; one more is refused at once with RESOURCE_EXHAUSTED "
