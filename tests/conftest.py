@@ -27,6 +27,12 @@ def tiny_pair_dirs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def long_pair_dirs(tmp_path_factory):
+    """(target_dir, draft_dir) of a tiny pair whose EOS logit is zeroed: completions run their whole budget."""
+    return make_pair(tmp_path_factory.mktemp("long_pair"), vocab_size=64, noise=0.1, eos_boost=0.0)
+
+
+@pytest.fixture(scope="session")
 def tiny_pair(tiny_pair_dirs):
     """(target, draft) loaded with the project's runtime."""
     target_dir, draft_dir = tiny_pair_dirs
