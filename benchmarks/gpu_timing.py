@@ -27,6 +27,7 @@ import torch
 from transformers import PreTrainedModel, StaticCache
 
 Step = Callable[[], object]
+PROJECT_KV_BYTES = 4 * 2**30  # each project model's KV pool: 16 rows of 512 positions need 1 GiB on the 8B shape
 
 
 def synchronize(device: torch.device) -> None:
@@ -116,12 +117,14 @@ class StaticCacheStep:
 
 
 def load_project_model(model: PreTrainedModel, tokenizer, name: str):
-    """`model` as the project's runtime holds it (a LoadedModel on the model's device). This switches the model's
-    attention to the packed kernel, so time the HF contenders on it first."""
+    """`model` as the project's runtime holds it (a LoadedModel on the model's device, its KV pool a fixed size: a
+    share of the GPU would count the other models this process holds). This switches the model's attention to the
+    packed kernel, so time the HF contenders on it first."""
     from specdec.engine.model_runtime import LoadedModel, ModelSettings
 
     dtype_name = str(model.dtype).removeprefix("torch.")
-    return LoadedModel(ModelSettings(model=name, device=str(model.device), dtype=dtype_name), model, tokenizer)
+    settings = ModelSettings(model=name, device=str(model.device), dtype=dtype_name, kv_cache_budget=PROJECT_KV_BYTES)
+    return LoadedModel(settings, model, tokenizer)
 
 
 def project_step(loaded, batch: int, context: int, drafted: int, seed: int = 0, graphs: bool = False) -> Step:

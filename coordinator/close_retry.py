@@ -19,23 +19,27 @@ CLOSE_RETRY_DELAY_S = 1.0  # a replica that was only slow or restarting gets thi
 _retries = BackgroundTasks()  # retries in flight
 
 
-def retry_close_later(replica: Replica, session_id: str, timeout_s: float) -> asyncio.Future:
-    """Closes `session_id` on `replica` once more after CLOSE_RETRY_DELAY_S, logging the outcome."""
+def retry_close_later(
+    replica: Replica, session_id: str, timeout_s: float, delay_s: float | None = None
+) -> asyncio.Future:
+    """Closes `session_id` on `replica` once more after delay_s (default CLOSE_RETRY_DELAY_S), logging the outcome
+    (also the first close of a session left behind on a replica it moved off: coordinator/session_moves.py)."""
 
     async def retry() -> None:
-        await asyncio.sleep(CLOSE_RETRY_DELAY_S)
+        await asyncio.sleep(CLOSE_RETRY_DELAY_S if delay_s is None else delay_s)
         try:
             await replica.stub.CloseSession(common_pb2.CloseSessionRequest(session_id=session_id), timeout=timeout_s)
         except grpc.aio.AioRpcError as error:
             log.warning(
-                "session %s: closing it on %s failed again (%s: %s); the replica's --session-idle-ttl-s frees it",
+                "session %s: closing it on %s in the background failed (%s: %s); the replica's --session-idle-ttl-s "
+                "frees it",
                 session_id,
                 replica.address,
                 error.code().name,
                 error.details(),
             )
         else:
-            log.info("session %s: closed on %s at the second try", session_id, replica.address)
+            log.info("session %s: closed on %s in the background", session_id, replica.address)
         finally:
             replica.pending_closes -= 1
             if replica.unused:  # it left placement meanwhile: this retry was the last user of its channel

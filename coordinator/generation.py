@@ -32,6 +32,7 @@ from coordinator.request_stats import RequestStats
 from coordinator.request_telemetry import RequestTelemetry
 from coordinator.round_blocks import ChainedRound, DraftBlock, LaneCall
 from coordinator.round_calls import RoundCalls
+from coordinator.session_moves import Placement, SessionMoves
 from coordinator.speculation_gate import SpeculationGate
 from coordinator.speculation_policy import AcceptanceRate, RoundTimes
 from coordinator.text_stream import CONSTRAINT_DEAD_END, Chunk, TextStream
@@ -53,6 +54,8 @@ class Generation:
         acceptance: AcceptanceRate | None = None,
         round_times: RoundTimes | None = None,
         gate: SpeculationGate | None = None,
+        placement: Placement | None = None,
+        deadline: float | None = None,
     ):
         self.plan = plan
         self.text = text
@@ -60,7 +63,14 @@ class Generation:
         self.telemetry = telemetry or RequestTelemetry()
         self.stats = RequestStats()
         self.state = GenerationState(plan, self.stats, self.telemetry)
-        self.sessions = ReplicaSessions(self.state, draft, verify, call_timeout_s, on_draft_unavailable)
+        moves = (
+            SessionMoves(placement, plan.request_id, call_timeout_s, self.stats, self.telemetry.metrics)
+            if placement is not None
+            else None
+        )  # sessions move off replicas that fail or drain (coordinator/session_moves.py)
+        self.sessions = ReplicaSessions(
+            self.state, draft, verify, call_timeout_s, on_draft_unavailable, moves, deadline
+        )
         self.calls = RoundCalls(self.state, self.sessions)
         self.sizing = BlockSizer(self.state, self.sessions, acceptance, round_times, gate)
         self.predrafter = Predrafter(self.state, self.sessions, self.calls, self.sizing)

@@ -83,6 +83,7 @@ class Predrafter:
                 if verdict is not None and block.token_ids:
                     candidates.append(Candidate(*verdict, block))
             if plan.chain_rounds and (candidates or pending.plain_on_miss):
+                pending.verify_epoch = self.sessions.verify_epoch
                 pending.next_round = self._start_verify_next(
                     after_base_len, candidates, pending.plain_on_miss, round_span
                 )
@@ -100,6 +101,7 @@ class Predrafter:
         if not self.state.plan.chain_rounds or self.state.remaining <= len(block.token_ids) + 1:
             return None
         pending = Predraft([], plain_on_miss=True)
+        pending.verify_epoch = self.sessions.verify_epoch
         pending.next_round = self._start_verify_next(len(self.state.committed), [], True, round_span)
         pending.future = asyncio.get_running_loop().create_future()
         pending.future.set_result([])  # no pre-drafted candidates
@@ -144,7 +146,9 @@ class Predrafter:
             index, block = PLAIN_STEP, DraftBlock([], None)
         else:
             return None, None  # the verifier runs none of them either
-        return block, ChainedRound(predraft.next_round, index) if predraft.next_round is not None else None
+        if predraft.next_round is None:
+            return block, None
+        return block, ChainedRound(predraft.next_round, index, predraft.verify_epoch)
 
     def _start_verify_next(
         self, after_base_len: int, candidates: Sequence[Candidate], plain_otherwise: bool, round_span: Context

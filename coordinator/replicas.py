@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -22,6 +22,9 @@ from specdec.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 StubT = TypeVar("StubT")
+# A replica that restarts at its address (a rolling restart, a crash) is reconnected to within 2 s, not after gRPC's
+# backoff of up to two minutes, so that its health probe puts it back into placement as soon as it serves.
+REPLICA_CHANNEL_OPTIONS = [("grpc.max_reconnect_backoff_ms", 2000)]
 
 
 @dataclass
@@ -71,7 +74,7 @@ class ReplicaPool(Generic[StubT]):
         self.on_health_change: Callable[[], None] | None = None  # a replica left placement, came back or joined
         self._make_stub = make_stub
         self._credentials = credentials
-        self._options = [*channel_options(), *options]
+        self._options = [*channel_options(), *REPLICA_CHANNEL_OPTIONS, *options]
         self._interceptors = [*trace_context_interceptors(), *interceptors]  # plus any of the caller's (a delay)
         self._tasks = BackgroundTasks()  # health probes and channel closes in flight
         self.replicas: list[Replica[StubT]] = [self.open(address) for address in addresses]
@@ -100,6 +103,18 @@ class ReplicaPool(Generic[StubT]):
         if not candidates and not required:
             return None
         replica = min(candidates or self.replicas, key=lambda r: r.active_sessions + r.remote_sessions)
+        replica.active_sessions += 1
+        return replica
+
+    def acquire_instead(self, tried: Collection[Replica[StubT]]) -> Replica[StubT] | None:
+        """For a session moving off a replica: the least-loaded healthy one not in `tried` (the one it leaves and
+        those that failed to take it), else the least-loaded other one (its probe may lag behind its restart: the
+        open will tell), counted as holding one more session; None when every replica was tried."""
+        others = [r for r in self.replicas if r not in tried]
+        candidates = [r for r in others if r.healthy] or others
+        if not candidates:
+            return None
+        replica = min(candidates, key=lambda r: r.active_sessions + r.remote_sessions)
         replica.active_sessions += 1
         return replica
 

@@ -22,5 +22,7 @@ class RequestStats(SpeculationStats):
     predraft_guesses: int = 0  # guessed verdicts drafted, over all pre-drafted rounds
     chained_rounds: int = 0  # rounds the verifier ran right after the previous verdict (VerifyNext)
     draft_fallbacks: int = 0  # times the drafter failed and the request went on by plain decoding
+    verify_moves: int = 0  # times the verify session moved to another replica (coordinator/session_moves.py)
+    draft_moves: int = 0  # times the draft session did
     wire_bytes: int = 0  # serialized request + response bytes of the rounds' ProposeLanes, Verify, VerifyNext calls
     round_timeline: list[tuple[str, int, int]] = field(default_factory=list)  # (stage, start_ns, end_ns)

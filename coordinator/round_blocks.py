@@ -68,6 +68,7 @@ class ChainedRound:
 
     call: asyncio.Future  # -> verifier_pb2.VerifyNextResponse
     index: int
+    verify_epoch: int = 0  # ReplicaSessions.verify_epoch when it was sent: a move since voids it
 
 
 @dataclass
@@ -80,6 +81,7 @@ class Predraft:
     plain_on_miss: bool
     future: asyncio.Future = field(init=False)  # -> [Candidate]: the usable blocks, as VerifyNext lists them
     next_round: asyncio.Future | None = None  # chained mode: -> VerifyNextResponse, set before `future` resolves
+    verify_epoch: int = 0  # ReplicaSessions.verify_epoch when next_round was sent
 
     def cancel(self) -> None:
         self.future.cancel()

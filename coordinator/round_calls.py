@@ -17,6 +17,8 @@ from coordinator.generation_state import GenerationState
 from coordinator.replica_sessions import ReplicaSessions
 from coordinator.request_telemetry import RemoteCall
 from coordinator.round_blocks import Candidate, ChainedRound, DraftBlock, LaneCall
+from coordinator.session_moves import DRAINING
+from specdec.common.errors import DownstreamUnavailableError
 from specdec.v1 import drafter_pb2, verifier_pb2
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,8 @@ class RoundCalls:
         self, calls: Sequence[LaneCall], round_span: Context, predraft: bool
     ) -> list[DraftBlock]:
         draft, committed_len = self.sessions.draft, len(self.state.committed)
+        if draft is None:  # the drafter failed or left since this call was made: the round is plain
+            return [DraftBlock([], None) for _ in calls]
         alternatives = self.state.plan.ranked_alternatives
         proposals = []
         for call in calls:
@@ -68,8 +72,11 @@ class RoundCalls:
             draft.load.observe(rows, draft_ns / steps, rows)
             draft.load.observe_call(remote.wire_ns)
         blocks = [DraftBlock.from_reply(lane_reply, call.lane.index) for call, lane_reply in zip(calls, reply.lanes)]
-        for call, block in zip(calls, blocks):
-            call.lane.synced(call.sequence, block.token_ids, committed_len)
+        if self.sessions.draft_holding_session is draft:  # not moved meanwhile: the lanes hold what it drafted
+            for call, block in zip(calls, blocks):
+                call.lane.synced(call.sequence, block.token_ids, committed_len)
+        if reply.draining:
+            self.sessions.leave_drafter(draft, DRAINING)
         return blocks
 
     async def verify(
@@ -79,8 +86,12 @@ class RoundCalls:
         next_call: verifier_pb2.NextCallHint,
         chained: ChainedRound | None = None,
     ) -> verifier_pb2.VerifyResponse:
-        """Verifies `block` (already running on the verifier when chained) and records the call."""
-        state, verifier = self.state, self.sessions.verify
+        """Verifies `block` (already running on the verifier when chained) and records the call. A verify session
+        whose replica drains, is gone or lost it moves first (coordinator/session_moves.py)."""
+        state = self.state
+        await self.sessions.leave_draining_verifier()
+        if chained is not None and chained.verify_epoch != self.sessions.verify_epoch:
+            chained = None  # sent to a replica the session has left since: its verdict is not the session's
         with state.telemetry.remote_call(
             "verify", round_span, base_len=len(state.committed), num_tokens=len(block.token_ids)
         ) as call:
@@ -94,11 +105,14 @@ class RoundCalls:
                     draft_probs=block.probs,
                     next_call=next_call,
                 )
-                reply = await self.sessions.call(verifier, "Verify", request)
+                reply = await self.sessions.call_verify("Verify", request)
                 self._count_bytes(request, reply)
             call.inside("verify.forward", "verify", reply.forward_ns)
             call.inside("verify.sampling", "verify", reply.sampling_ns)
         self._count_call("verify", call, verify=reply.forward_ns, sampling=reply.sampling_ns)
+        verifier = self.sessions.verify
+        if reply.draining:
+            self.sessions.verify_drains(verifier)
         if verifier.load is not None:
             verifier.load.observe(reply.batch_tokens, reply.forward_ns, reply.batch_rows)
             verifier.load.observe_call(call.wire_ns)
@@ -114,7 +128,8 @@ class RoundCalls:
     ) -> verifier_pb2.VerifyNextResponse:
         """Hands the verifier the candidate next rounds: it runs the one its pending verdict selects. The call's
         span sits in the round it was sent in; the round it runs records its verdict (`verify`, chained). Its hint
-        says a round follows at once, or none when the round it runs ends the request."""
+        says a round follows at once, or none when the round it runs ends the request. A verifier that is gone, or
+        that the session moved off meanwhile, ran nothing the request uses: the round then goes as a plain Verify."""
         with self.state.telemetry.remote_call(
             "verify_next",
             round_span,
@@ -136,9 +151,13 @@ class RoundCalls:
                 plain_otherwise=plain_otherwise,
                 next_call=verifier_pb2.NextCallHint(after_any_verdict=not ends_request),
             )
-            reply = await self.sessions.call(self.sessions.verify, "VerifyNext", request)
+            epoch = self.sessions.verify_epoch
+            try:
+                reply = await self.sessions.call(self.sessions.verify, "VerifyNext", request)
+            except DownstreamUnavailableError:
+                return verifier_pb2.VerifyNextResponse(ran=False)
             self._count_bytes(request, reply)
-            return reply
+            return reply if epoch == self.sessions.verify_epoch else verifier_pb2.VerifyNextResponse(ran=False)
 
     async def _chained_verdict(self, chained: ChainedRound) -> verifier_pb2.VerifyResponse | None:
         """The verdict of the round the verifier ran by itself, or None if it ran another one or none (then the

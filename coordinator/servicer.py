@@ -16,13 +16,14 @@ from coordinator.request_guard import GuardedRequest, RequestGuard
 from coordinator.request_plan import GenerationPlan
 from coordinator.request_stats import RequestStats
 from coordinator.request_telemetry import RequestTelemetry
+from coordinator.session_moves import Placement
 from coordinator.settings import CoordinatorSettings
 from coordinator.speculation_gate import SpeculationGate
 from coordinator.speculation_policy import AcceptanceRate, RoundTimes
 from coordinator.validation import plan_request
 from specdec.common.errors import ReplicaUnreachableError
 from specdec.sampling.constraints import ConstraintCompiler
-from specdec.serving.wire import SAMPLING_RULE_ENUMS
+from specdec.serving.wire import SAMPLING_RULE_ENUMS, call_deadline
 from specdec.telemetry.metrics import speculation_metrics
 from specdec.v1 import coordinator_pb2, coordinator_pb2_grpc
 
@@ -60,6 +61,8 @@ def stats_to_proto(stats: RequestStats, plan: GenerationPlan) -> coordinator_pb2
         sampling_rule=SAMPLING_RULE_ENUMS[plan.params.rule],
         seed=plan.params.seed,
         prompt_tokens=len(plan.prompt_ids),
+        verify_session_moves=stats.verify_moves,
+        draft_session_moves=stats.draft_moves,
     )
 
 
@@ -105,6 +108,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self.guard = guard or RequestGuard(settings)  # limits; with Redis also rate limits, journal, leases
         self.acceptance = AcceptanceRate() if settings.adaptive_gamma else None  # None: every round uses plan.gamma
         self.round_times = RoundTimes() if settings.adaptive_gamma else None
+        self.placement = Placement(draft_pool, verify_pool, settings.max_session_moves)
         self.gate = (
             SpeculationGate(on_measured=_publish_gate_throughput)
             if settings.adaptive_gamma and settings.speculation_gate
@@ -112,7 +116,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         )
 
     async def _run(
-        self, request: coordinator_pb2.GenerateRequest
+        self, request: coordinator_pb2.GenerateRequest, deadline: float | None = None
     ) -> AsyncIterator[coordinator_pb2.GenerateStreamResponse]:
         telemetry = RequestTelemetry()  # TTFT counts from here
         plan = plan_request(request, self.settings, self.tokenizer, self.vocab_size)
@@ -120,13 +124,17 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             await self.constraints.check(plan.constraint)
         async with self.guard.admit(request, plan) as guarded:  # coordinator/request_guard.py
             # the rounds run ahead of the journal and client writes of their chunks (coordinator/read_ahead.py)
-            replies = guarded.replies(read_ahead(self._generate(request, guarded, telemetry)))
+            replies = guarded.replies(read_ahead(self._generate(request, guarded, telemetry, deadline)))
             async with contextlib.aclosing(replies):
                 async for reply in replies:
                     yield reply
 
     async def _generate(
-        self, request: coordinator_pb2.GenerateRequest, guarded: GuardedRequest, telemetry: RequestTelemetry
+        self,
+        request: coordinator_pb2.GenerateRequest,
+        guarded: GuardedRequest,
+        telemetry: RequestTelemetry,
+        deadline: float | None,
     ) -> AsyncIterator[coordinator_pb2.GenerateStreamResponse]:
         plan = guarded.plan  # a resumed request runs the rest of its budget after its journaled tokens
         text = guarded.text_stream(self.tokenizer, self.eos_token_ids, request.stop)
@@ -143,6 +151,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             acceptance=self.acceptance,
             round_times=self.round_times,
             gate=self.gate,
+            placement=self.placement,
+            deadline=deadline,
         )
         try:
             async with contextlib.aclosing(generation.chunks()) as chunks:  # closes the sessions as soon as it ends
@@ -159,13 +169,14 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                         reply.stats.CopyFrom(stats_to_proto(generation.stats, plan))
                     yield reply
         except ReplicaUnreachableError as error:
+            verify = generation.sessions.verify
             if error.address == verify.address:  # out of placement until its health check says SERVING
                 self.verify_pool.mark_unhealthy(verify)
             raise
-        finally:
-            self.verify_pool.release(verify)
-            if draft is not None:
-                self.draft_pool.release(draft)
+        finally:  # the replicas it ends on (its sessions may have moved: coordinator/session_moves.py)
+            self.verify_pool.release(generation.sessions.verify)
+            if generation.sessions.draft_holding_session is not None:
+                self.draft_pool.release(generation.sessions.draft_holding_session)
         log.info(
             "request %s: %d prompt + %d new tokens, %d rounds, α=%.2f, finish=%s",
             plan.request_id,
@@ -177,13 +188,13 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         )
 
     async def GenerateStream(self, request, context) -> AsyncIterator[coordinator_pb2.GenerateStreamResponse]:
-        async with contextlib.aclosing(self._run(request)) as replies:  # a cancelled stream cleans up at once
+        async with contextlib.aclosing(self._run(request, call_deadline(context))) as replies:  # cleans up at once
             async for reply in replies:
                 yield reply
 
     async def Generate(self, request, context) -> coordinator_pb2.GenerateResponse:
         response = coordinator_pb2.GenerateResponse()
-        async with contextlib.aclosing(self._run(request)) as replies:
+        async with contextlib.aclosing(self._run(request, call_deadline(context))) as replies:
             async for reply in replies:
                 add_chunk(response, reply)
         return response

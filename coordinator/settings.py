@@ -103,7 +103,16 @@ class CoordinatorSettings(
         "little on loopback. Prefer 'coupled' where wire bytes are dear (a large vocabulary, "
         "replicas on other hosts)",
     )
-    call_timeout_s: float = setting(30.0, "deadline of each internal call")
+    call_timeout_s: float = setting(
+        30.0,
+        "deadline of each internal call, but opening a session: that waits (for a replica's free KV blocks) until the "
+        "client's own deadline, or this long when the client set none",
+    )
+    max_session_moves: int = setting(
+        4,
+        "most times one request's verify (or draft) session moves to another replica, with its committed tokens, "
+        "because its replica is gone, lost the session or drains (0 = never: the request fails, or drafts no more)",
+    )
     replica_network_delay_ms: float = setting(
         0.0,
         "measuring only: a one-way delay added to every call to a replica, each way, as if the replicas ran on "

@@ -17,7 +17,7 @@ from specdec.serving.event_loop import run_service
 from specdec.serving.server import configure_logging, start_server, wait_for_termination
 from specdec.serving.tls import server_credentials
 from specdec.telemetry import start_telemetry
-from specdec.telemetry.metrics import observe_batch
+from specdec.telemetry.metrics import observe_batch, observe_queue_wait, session_queue_metrics
 from specdec.v1 import drafter_pb2, drafter_pb2_grpc
 
 log = logging.getLogger("draft_service")
@@ -37,7 +37,9 @@ async def serve(settings: DraftSettings) -> None:
     service = build_service(settings)
     model = service.model
     start_telemetry("draft", settings, service.sessions, model.kv_pool.blocks if model and model.packed else None)
-    servicer = DrafterServicer(service, observe_batch)
+    servicer = DrafterServicer(service, observe_batch, observe_queue_wait)
+    if servicer.admission is not None:
+        session_queue_metrics().watch(servicer.admission)
     expiry = asyncio.ensure_future(servicer.expire_idle_sessions())
     try:
         running = await start_server(
@@ -50,7 +52,7 @@ async def serve(settings: DraftSettings) -> None:
         if isinstance(model, ModelProcess):  # gone: its passes fail UNAVAILABLE, health NOT_SERVING for good
             model.on_exit(lambda code: running.end_health_from_thread(f"the model process exited ({code})"))
         print(f"draft service listening on port {running.port}", flush=True)
-        await wait_for_termination(running, settings.grace_s)
+        await wait_for_termination(running, settings.grace_s, servicer.drain)
     finally:
         expiry.cancel()
         servicer.close()

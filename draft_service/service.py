@@ -224,7 +224,10 @@ class DraftService:
                     ended.append(step.calls[index][0])
                 step.finish(index, outcome)
                 return
-            call.answer(slot, lane, Proposal(outcome.token_ids, outcome.probs, outcome.alternatives))
+            # q rows leave the device here, on the model thread, where the step's read has waited for them: the
+            # reply is encoded on the event loop, whose own copy would wait behind the next queued pass
+            probs = outcome.probs.cpu() if outcome.probs is not None else None  # [γ, V]
+            call.answer(slot, lane, Proposal(outcome.token_ids, probs, outcome.alternatives))
             if not call.drafting:
                 step.finish(index, running.pop(index).answers())
 

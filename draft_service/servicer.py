@@ -13,11 +13,13 @@ from collections.abc import Callable
 from contextlib import nullcontext
 
 from draft_service.service import MODEL, NGRAM, DraftService, LaneProposal, ProposeResult
-from specdec.engine.kv.admission import KVAdmission
+from specdec.engine.kv.admission import KVAdmission, WaitHook
 from specdec.engine.step_batcher import StepBatcher
 from specdec.serving.call_stream import CallStreamServer, streamed_methods
+from specdec.serving.drain import SessionDrain
 from specdec.serving.session_store import expire_idle_sessions
 from specdec.serving.wire import (
+    call_deadline,
     check_token_ids,
     constraint_from_proto,
     kv_block_info,
@@ -43,7 +45,12 @@ def _after_a_verification(result: object) -> bool:
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
     """Thin shell over DraftService; model work runs on one batching worker thread so the event loop stays free."""
 
-    def __init__(self, service: DraftService, on_step: Callable[[str, int], None] | None = None):
+    def __init__(
+        self,
+        service: DraftService,
+        on_step: Callable[[str, int], None] | None = None,
+        on_queue_wait: WaitHook | None = None,
+    ):
         self.service = service
         joining = {"propose": service.propose_joining} if service.settings.join_running_step else {}
         self._batcher = StepBatcher(
@@ -57,8 +64,10 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         )
         self._calls = CallStreamServer(streamed_methods(self, drafter_pb2.DESCRIPTOR.services_by_name["Drafter"]))
         model = service.model
-        wait_s = service.settings.kv_admission_wait_ms / 1000
-        self._admission = KVAdmission(model.kv_pool, wait_s) if model is not None and model.packed else None
+        queue_limit = service.settings.kv_queue_limit
+        packed = model is not None and model.packed
+        self.admission = KVAdmission(model.kv_pool, queue_limit, on_queue_wait) if packed else None
+        self.drain = SessionDrain(service.sessions)
 
     def close(self) -> None:
         """Ends the model thread once the server has stopped."""
@@ -78,12 +87,20 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         params = session_sampling_from_proto(request.sampling, request.sampling_rule)
         method = METHOD_NAMES.get(request.draft_method, "unknown")
         lanes = max(request.num_lanes, 1)
+        self.drain.refuse_if_draining()
         constraint = constraint_from_proto(request.constraint)
         if constraint is not None and self.service.constraints is not None:  # off the model thread, as the verifier
             await asyncio.to_thread(self.service.constraints.compile, constraint)
-        holds_kv = self._admission is not None and (method or self.service.settings.default_draft_method) == MODEL
+        admission = self.admission
+        holds_kv = admission is not None and (method or self.service.settings.default_draft_method) == MODEL
         admitted = (
-            self._admission.admitted(self._admission.blocks_needed(len(prompt), lanes)) if holds_kv else nullcontext()
+            admission.admitted(
+                admission.blocks_needed(len(prompt), lanes),
+                call_deadline(context),
+                max_wait_s=self.service.settings.kv_admission_wait_ms / 1000,
+            )
+            if holds_kv
+            else nullcontext()
         )
         async with admitted:
             prefill_ns = await self._batcher.submit(
@@ -94,12 +111,14 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
     async def Propose(self, request: drafter_pb2.ProposeRequest, context) -> drafter_pb2.ProposeResponse:
         proposal = self._lane_proposal(0, request)
         results = await self._batcher.submit("propose", request.session_id, [proposal], follows=_after_a_verification)
-        return _propose_response(results[0])
+        return _propose_response(results[0], self.drain.draining)
 
     async def ProposeLanes(self, request: drafter_pb2.ProposeLanesRequest, context) -> drafter_pb2.ProposeLanesResponse:
         proposals = [self._lane_proposal(lane.lane, lane) for lane in request.lanes]
         results = await self._batcher.submit("propose", request.session_id, proposals, follows=_after_a_verification)
-        return drafter_pb2.ProposeLanesResponse(lanes=[_propose_response(result) for result in results])
+        return drafter_pb2.ProposeLanesResponse(
+            lanes=[_propose_response(result) for result in results], draining=self.drain.draining
+        )
 
     def _lane_proposal(self, lane: int, request: drafter_pb2.ProposeRequest | drafter_pb2.LaneProposal) -> LaneProposal:
         appended = check_token_ids(
@@ -140,7 +159,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         )
 
 
-def _propose_response(result: ProposeResult) -> drafter_pb2.ProposeResponse:
+def _propose_response(result: ProposeResult, draining: bool = False) -> drafter_pb2.ProposeResponse:
     proposal = result.proposal
     return drafter_pb2.ProposeResponse(
         draft_token_ids=proposal.token_ids,
@@ -149,4 +168,5 @@ def _propose_response(result: ProposeResult) -> drafter_pb2.ProposeResponse:
         draft_ns=result.draft_ns,
         batch_rows=result.batch_rows,
         alternative_token_ids=[token for position in proposal.alternatives for token in position],
+        draining=draining,
     )

@@ -54,6 +54,11 @@ class DraftSettings(
         "largest γ a Propose may draft for: num_speculative_tokens up to this + 1 "
         "(the bonus-token guess an 'all accepted' pre-draft lane drafts ahead of its block)",
     )
+    kv_admission_wait_ms: float = setting(
+        2000.0,
+        "longest a new session waits for free KV blocks before RESOURCE_EXHAUSTED (its call's deadline may end it "
+        "sooner; 0 = refuse at once): a refused drafter costs a request only speed, as it then decodes plainly",
+    )
     max_lanes: int = setting(16, "most lanes one session may hold (a coordinator's pre-draft guesses)")
     join_running_step: bool = setting(
         True,
@@ -66,7 +71,11 @@ class DraftSettings(
     ngram_min: int = setting(1, "n-gram drafter: shortest suffix matched")
     ngram_max: int = setting(4, "n-gram drafter: longest suffix matched")
     ngram_max_proposal: int = setting(10, "n-gram drafter: most tokens proposed per round")
-    grace_s: float = setting(10.0, "seconds in-flight calls get to finish after SIGTERM")
+    grace_s: float = setting(
+        10.0,
+        "after SIGTERM: the longest the replica waits, opening no new sessions, for its callers to move or close the "
+        "sessions it holds (then in-flight calls get what is left of it)",
+    )
     metrics_port: int = setting(0, "port for Prometheus /metrics (0 = off)")
     trace_exporter: str = setting(
         "none",

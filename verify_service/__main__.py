@@ -17,7 +17,13 @@ from specdec.serving.event_loop import run_service
 from specdec.serving.server import RunningServer, configure_logging, start_server, wait_for_termination
 from specdec.serving.tls import server_credentials
 from specdec.telemetry import start_telemetry
-from specdec.telemetry.metrics import observe_batch, observe_verify_pass
+from specdec.telemetry.metrics import (
+    observe_batch,
+    observe_preemption,
+    observe_queue_wait,
+    observe_verify_pass,
+    session_queue_metrics,
+)
 from specdec.v1 import verifier_pb2, verifier_pb2_grpc
 from verify_service.service import VerifyService
 from verify_service.servicer import VerifierServicer
@@ -35,9 +41,14 @@ async def serve(settings: VerifySettings) -> None:
     else:
         model = serving_model(load_model(settings, "target"), settings)
     servicer = VerifierServicer(
-        VerifyService(settings, model, ranks, observe_verify_pass), settings.tensor_parallel_size, observe_batch
+        VerifyService(settings, model, ranks, observe_verify_pass, observe_preemption),
+        settings.tensor_parallel_size,
+        observe_batch,
+        observe_queue_wait,
     )
     start_telemetry("verify", settings, servicer.service.sessions, model.kv_pool.blocks if model.packed else None)
+    if servicer.admission is not None:
+        session_queue_metrics().watch(servicer.admission)
     expiry = asyncio.ensure_future(servicer.expire_idle_sessions())
     try:
         running = await start_server(
@@ -54,7 +65,7 @@ async def serve(settings: VerifySettings) -> None:
         if isinstance(model, ModelProcess):  # gone: its passes fail UNAVAILABLE, health NOT_SERVING for good
             model.on_exit(lambda code: running.end_health_from_thread(f"the model process exited ({code})"))
         print(f"verify service listening on port {running.port}", flush=True)
-        await wait_for_termination(running, settings.grace_s)
+        await wait_for_termination(running, settings.grace_s, servicer.drain)
     finally:
         expiry.cancel()
         servicer.close()

@@ -10,6 +10,7 @@ import torch
 
 from specdec.common.errors import InvalidFieldError, KVCacheFullError
 from specdec.decoding.verification import PassHook, VerifyJob, VerifyTiming, verify_rounds
+from specdec.engine.kv.preemption import PreemptHook, Preemptions
 from specdec.engine.kv.session import KVSession, PlannedForward
 from specdec.engine.model_runtime import LoadedModel
 from specdec.engine.step_batcher import NOT_YET, FollowUpChoice, NotYet, only_result
@@ -76,7 +77,8 @@ class VerifyService:
 
     Under tensor parallelism `ranks` is rank 0's TensorParallelLeader: sessions then run on its MirroredModel,
     so every rank runs each step's one packed pass, and the sampler still runs once, here.
-    `on_pass(forward_ns, prefill_tokens, scored_tokens)` hears of every scoring pass (e.g. the pass metrics).
+    `on_pass(forward_ns, prefill_tokens, scored_tokens)` hears of every scoring pass (e.g. the pass metrics),
+    `on_preempt()` of every session preempted to free KV blocks.
     """
 
     def __init__(
@@ -85,6 +87,7 @@ class VerifyService:
         model: LoadedModel,
         ranks: TensorParallelLeader | None = None,
         on_pass: PassHook | None = None,
+        on_preempt: PreemptHook | None = None,
     ):
         self.settings = settings
         self.model = model
@@ -94,6 +97,7 @@ class VerifyService:
             settings.max_sessions, lambda s: s.kv.cached_len, lambda s: s.kv.truncate(0)
         )
         self.sessions_model = model if ranks is None else ranks.mirrored  # the model every session runs on
+        self.preemptions = Preemptions(on_preempt)  # a full KV cache preempts the newest sessions
         self.step_cost = calibrate(self.sessions_model)  # what a pass costs, for the policy
         self.constraints = ConstraintCompiler(
             model.tokenizer, model.vocab_size, model.eos_token_ids, settings.constraint_limits()
@@ -171,8 +175,8 @@ class VerifyService:
 
         def choose(last: object) -> tuple[int, tuple] | NotYet | None:
             session = self.sessions.get(session_id)
-            if isinstance(last, Exception):  # that round failed (its caller is told)
-                return None
+            if isinstance(last, Exception) or self.preemptions.is_preempted(session_id):
+                return None  # that round failed (its caller is told), or the session must queue for blocks first
             if len(session) <= after_base_len:
                 return NOT_YET
             if isinstance(last, Opened):  # the open ran last: its first token is a plain round's verdict
@@ -206,6 +210,7 @@ class VerifyService:
             try:
                 self.check_draft_length(draft_tokens)
                 session = self.sessions.get(session_id)
+                self.preemptions.check_runnable(session_id, session.kv)
                 jobs.append(
                     (
                         index,
@@ -224,9 +229,17 @@ class VerifyService:
                 )
             except Exception as error:  # noqa: BLE001
                 round_results[index] = error
+        jobs.sort(key=lambda item: self.preemptions.order(item[1].session_id))  # the oldest take blocks first
+        opening = {opens[index].session_id for index in opened}  # their prefills hold planned blocks: never preempted
+
+        def make_room(job: VerifyJob) -> bool:
+            return self.preemptions.make_room(job.session_id, self._kv_of, opening)
+
         started = time.perf_counter_ns()
         try:
-            outcomes = verify_rounds([job for _, job in jobs], prefills, self.on_pass, [job for _, job in first_tokens])
+            outcomes = verify_rounds(
+                [job for _, job in jobs], prefills, self.on_pass, make_room, [job for _, job in first_tokens]
+            )
         except Exception:
             for index in opened:
                 self.close(opens[index].session_id)
@@ -235,9 +248,11 @@ class VerifyService:
         for index in opened:
             open_results[index] = Opened(step_ns)
         for (index, job), outcome in zip(jobs, outcomes):
+            if isinstance(outcome, KVCacheFullError):  # cannot grow, even with every newer session preempted
+                outcome = self.preemptions.preempt(job.session_id, job.session)
+            elif not isinstance(outcome, Exception):
+                self.preemptions.ran(job.session_id)
             round_results[index] = outcome if isinstance(outcome, Exception) else (*outcome, len(job.session))
-            if isinstance(outcome, KVCacheFullError):  # a session that cannot grow is ended (its caller is told)
-                self.close(job.session_id)
         for (index, job), outcome in zip(first_tokens, outcomes[len(jobs) :]):
             if isinstance(outcome, Exception):  # the open fails with its first token
                 self.close(job.session_id)
@@ -264,6 +279,7 @@ class VerifyService:
                 kv = KVSession(self.sessions_model, call.prompt_ids)
                 session = TargetSession(kv, call.params, rules, call.top_logprobs)
                 self.sessions.add(call.session_id, session)
+                self.preemptions.arrived(call.session_id)
             except Exception as error:  # noqa: BLE001 - that open fails alone
                 open_results[index] = error
                 continue
@@ -290,6 +306,16 @@ class VerifyService:
                 first_tokens.append((index, job))
         return opened, prefills, first_tokens
 
+    def preempted_tokens(self, session_id: str) -> int:
+        """The tokens a preempted session recomputes when it runs again; 0 when it is not preempted (or not open)."""
+        session = self.sessions.peek(session_id)
+        return len(session) if session is not None and self.preemptions.is_preempted(session_id) else 0
+
+    def _kv_of(self, session_id: str) -> KVSession | None:
+        session = self.sessions.peek(session_id)
+        return session.kv if session is not None else None
+
     def close(self, session_id: str) -> bool:
         """Drops a session; under tensor parallelism the ranks drop their copy of its cache with the next step."""
+        self.preemptions.left(session_id)
         return self.sessions.close(session_id)

@@ -2,6 +2,10 @@
 
 Opens and Verify calls that arrive while a step runs are batched into the next step (specdec/engine/step_batcher.py),
 opens and rounds together: new sessions' prefills share the rounds' pass.
+
+Under a KV budget an open first queues for its blocks until its call's deadline (specdec/engine/kv/admission.py); a
+round whose session was preempted meanwhile queues likewise, ahead of new sessions, then runs and recomputes the
+session (specdec/engine/kv/preemption.py). Once the replica drains, opens are refused and replies say `draining`.
 A session's calls may also come as messages on its call stream (CallStream, specdec/serving/call_stream.py), each
 answered by the same method as its unary call.
 """
@@ -12,12 +16,14 @@ import asyncio
 from collections.abc import Callable
 from contextlib import nullcontext
 
-from specdec.common.errors import DownstreamUnavailableError, InvalidFieldError
-from specdec.engine.kv.admission import KVAdmission
+from specdec.common.errors import DownstreamUnavailableError, InvalidFieldError, KVCacheFullError, SessionPreemptedError
+from specdec.engine.kv.admission import KVAdmission, WaitHook
 from specdec.engine.step_batcher import StepBatcher
 from specdec.serving.call_stream import CallStreamServer, streamed_methods
+from specdec.serving.drain import SessionDrain
 from specdec.serving.session_store import expire_idle_sessions
 from specdec.serving.wire import (
+    call_deadline,
     check_token_ids,
     checked_top_logprobs,
     constraint_from_proto,
@@ -52,7 +58,7 @@ def _round_kind(request: verifier_pb2.VerifyRequest | verifier_pb2.VerifyNextReq
     return LAST_VERIFY if request.HasField("next_call") and ends_after(request.next_call) else VERIFY
 
 
-def _verify_response(verdict, timing, session_len: int) -> verifier_pb2.VerifyResponse:
+def _verify_response(verdict, timing, session_len: int, draining: bool) -> verifier_pb2.VerifyResponse:
     return verifier_pb2.VerifyResponse(
         accepted_token_ids=verdict.accepted_tokens,
         next_token_id=verdict.next_token if not verdict.dead_end else 0,
@@ -63,6 +69,7 @@ def _verify_response(verdict, timing, session_len: int) -> verifier_pb2.VerifyRe
         sampling_ns=timing.sampling_ns,
         batch_rows=timing.batch_rows,
         batch_tokens=timing.batch_tokens,
+        draining=draining,
         logprobs=[logprob_to_proto(logprob) for logprob in verdict.logprobs],
     )
 
@@ -75,7 +82,11 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     """
 
     def __init__(
-        self, service: VerifyService, tensor_parallel_size: int = 1, on_step: Callable[[str, int], None] | None = None
+        self,
+        service: VerifyService,
+        tensor_parallel_size: int = 1,
+        on_step: Callable[[str, int], None] | None = None,
+        on_queue_wait: WaitHook | None = None,
     ):
         self.service = service
         self.tensor_parallel_size = tensor_parallel_size
@@ -90,8 +101,10 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self._calls = CallStreamServer(streamed_methods(self, verifier_pb2.DESCRIPTOR.services_by_name["Verifier"]))
         self._ranks_failed = asyncio.Event()
         model = service.model
-        wait_s = service.settings.kv_admission_wait_ms / 1000
-        self._admission = KVAdmission(model.kv_pool, wait_s) if model.packed else None
+        self.admission = (
+            KVAdmission(model.kv_pool, service.settings.kv_queue_limit, on_queue_wait) if model.packed else None
+        )
+        self.drain = SessionDrain(service.sessions)
 
     def ranks_failed(self) -> None:
         """The tensor-parallel group failed: wake the calls waiting on it."""
@@ -140,26 +153,18 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     ) -> verifier_pb2.OpenVerifySessionResponse:
         prompt = check_token_ids(request.prompt_token_ids, self.service.model.vocab_size, "prompt_token_ids")
         params = session_sampling_from_proto(request.sampling, request.sampling_rule)
+        self.drain.refuse_if_draining()
         top_logprobs = checked_top_logprobs(request.logprobs, request.top_logprobs)
         constraint = constraint_from_proto(request.constraint)
         if constraint is not None:  # compiled (or found in the cache) off the model thread, which opens with it
             await asyncio.to_thread(self.service.constraints.compile, constraint)
         first = request.draw_first_token
         follows = _first_token_follows(request.next_call) if first and request.HasField("next_call") else None
-        admission = self._admission
-        async with nullcontext() if admission is None else admission.admitted(admission.blocks_needed(len(prompt))):
-            opened = await self._run(
-                "step",
-                request.session_id,
-                OPEN,
-                prompt,
-                params,
-                constraint,
-                request.output_start,
-                first,
-                top_logprobs,
-                follows=follows,
-            )
+        call = (request.session_id, OPEN, prompt, params, constraint, request.output_start, first, top_logprobs)
+        if self.admission is None:
+            opened = await self._run("step", *call, follows=follows)
+        else:
+            opened = await self._open_admitted(call, len(prompt), call_deadline(context), follows)
         if opened.first is None:
             return verifier_pb2.OpenVerifySessionResponse(session_len=len(prompt), prefill_ns=opened.prefill_ns)
         verdict, _, session_len = opened.first
@@ -174,15 +179,55 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             first_token_logprob=logprob_to_proto(verdict.logprobs[0]) if verdict.logprobs else None,
         )
 
+    async def _open_admitted(
+        self, call: tuple, prompt_tokens: int, deadline: float | None, follows: Callable | None
+    ) -> Opened:
+        """Runs the open step `call` once the prompt's blocks are free; an open whose blocks went to growing sessions
+        meanwhile queues again, ahead of new sessions."""
+        blocks = self.admission.blocks_needed(prompt_tokens)
+        resuming = False
+        while True:
+            async with self.admission.admitted(blocks, deadline, resuming):
+                try:
+                    return await self._run("step", *call, follows=follows)
+                except KVCacheFullError:
+                    resuming = True
+
+    async def _round(self, session_id: str, *args, follows: Callable | None, deadline: float | None, drafted: int):
+        """Runs a round of the session; if the session is preempted, it first queues for the blocks to recompute it
+        (ahead of new sessions), then runs the round, which feeds its tokens again."""
+        while True:
+            tokens = self.service.preempted_tokens(session_id)
+            readmitted = (
+                self.admission.admitted(self.admission.blocks_needed(tokens + drafted + 1), deadline, resuming=True)
+                if tokens and self.admission is not None
+                else nullcontext()
+            )
+            async with readmitted:
+                if tokens:
+                    self.service.preemptions.readmit(session_id)
+                try:
+                    return await self._run("step", session_id, *args, follows=follows)
+                except SessionPreemptedError:
+                    continue
+
     async def Verify(self, request: verifier_pb2.VerifyRequest, context) -> verifier_pb2.VerifyResponse:
         vocab_size = self.service.model.vocab_size
         drafts = check_token_ids(request.draft_token_ids, vocab_size, "draft_token_ids", allow_empty=True)
         probs = probs_from_proto(request.draft_probs, len(drafts), vocab_size)
         follows = _round_follows(request.next_call) if request.HasField("next_call") else None
         kind = _round_kind(request)
-        return _verify_response(
-            *await self._run("step", request.session_id, kind, request.base_len, drafts, probs, follows=follows)
+        result = await self._round(
+            request.session_id,
+            kind,
+            request.base_len,
+            drafts,
+            probs,
+            follows=follows,
+            deadline=call_deadline(context),
+            drafted=len(drafts),
         )
+        return _verify_response(*result, self.drain.draining)
 
     async def VerifyNext(self, request: verifier_pb2.VerifyNextRequest, context) -> verifier_pb2.VerifyNextResponse:
         rounds = [self._guessed_round(guessed, f"rounds[{index}]") for index, guessed in enumerate(request.rounds)]
@@ -190,11 +235,16 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         choose = self.service.next_round_choice(
             request.session_id, request.after_base_len, rounds, request.plain_otherwise, _round_kind(request)
         )
-        ran = await self._run("step", request.session_id, follows=follows, choose=choose)
+        try:
+            ran = await self._run("step", request.session_id, follows=follows, choose=choose)
+        except SessionPreemptedError:  # the caller's plain Verify follows, and queues for the blocks
+            ran = None
         if ran is None:
             return verifier_pb2.VerifyNextResponse(ran=False)
         index, result = ran
-        return verifier_pb2.VerifyNextResponse(ran=True, round_index=index, verdict=_verify_response(*result))
+        return verifier_pb2.VerifyNextResponse(
+            ran=True, round_index=index, verdict=_verify_response(*result, self.drain.draining)
+        )
 
     def _guessed_round(self, guessed: verifier_pb2.GuessedRound, field: str) -> GuessedRound:
         vocab_size = self.service.model.vocab_size

@@ -47,7 +47,11 @@ class VerifySettings(
     threads: int = setting(1, "CPU threads per rank (0 = torch default)")
     max_sessions: int = setting(256, "most sessions held at once; more are refused with RESOURCE_EXHAUSTED")
     max_speculative_tokens: int = setting(16, "largest number of draft tokens one Verify may carry")
-    grace_s: float = setting(10.0, "seconds in-flight calls get to finish after SIGTERM")
+    grace_s: float = setting(
+        10.0,
+        "after SIGTERM: the longest the replica waits, opening no new sessions, for its callers to move or close the "
+        "sessions it holds (then in-flight calls get what is left of it)",
+    )
     metrics_port: int = setting(0, "port for Prometheus /metrics (0 = off)")
     trace_exporter: str = setting(
         "none",

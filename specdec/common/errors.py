@@ -39,6 +39,16 @@ class KVCacheFullError(CapacityError):
     message says what was asked and what is free."""
 
 
+class SessionPreemptedError(KVCacheFullError):
+    """A session gave its KV blocks to older ones (specdec/engine/kv/preemption.py): its call queues for blocks and
+    runs again, recomputing the session. Handled inside the service; RESOURCE_EXHAUSTED should one ever escape."""
+
+    def __init__(self, session_id: str, tokens: int):
+        super().__init__(f"KV cache full: session {session_id!r} ({tokens} tokens) was preempted")
+        self.session_id = session_id
+        self.tokens = tokens
+
+
 class StaleBaseLenError(SpecDecError):
     """The caller's base_len is past what this replica holds (FAILED_PRECONDITION); carries our length."""
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.common.errors import StaleBaseLenError
+from specdec.common.errors import KVCacheFullError, StaleBaseLenError
 from specdec.engine.kv.session import KVSession, PlannedForward, run_forwards
 from specdec.engine.step_batcher import only_result
 from specdec.sampling.round_judge import DraftRound, judge_rounds
@@ -49,12 +49,14 @@ class VerifyJob:
 
 
 PassHook = Callable[[int, int, int], None]  # (forward ns, prompt tokens prefilled, tokens fed for rounds)
+RoomMaker = Callable[[VerifyJob], bool]  # frees KV blocks for a round that cannot get its own; False: none to free
 
 
 def verify_rounds(
     jobs: Sequence[VerifyJob],
     prefills: Sequence[PlannedForward] = (),
     on_pass: PassHook | None = None,
+    make_room: RoomMaker | None = None,
     first_tokens: Sequence[VerifyJob] = (),
 ) -> list[tuple[Verdict, VerifyTiming] | Exception]:
     """Truncates each session to its base_len, scores every x_1..x_γ in one pass, judges and commits.
@@ -62,7 +64,8 @@ def verify_rounds(
     `prefills` (other sessions' planned prompt prefills, which need no logits) are fed in the same pass.
     `first_tokens` are plain rounds (no draft, base_len the prompt's length) of sessions prefilled by this pass,
     judged on the row their prefill keeps: a session's first token, drawn as plain decoding's first step draws it.
-    `on_pass` hears of the pass, if one ran.
+    `on_pass` hears of the pass, if one ran. Rounds take their KV blocks in the order given; one that finds too few
+    free asks `make_room` (e.g. to preempt newer sessions) until it fits or nothing is left to free.
     After a round its session holds exactly the committed sequence: base_len tokens + the accepted tokens +
     the recovered or bonus token. Returns per job, then per first token, its verdict and timing, or the error that
     failed it alone.
@@ -75,7 +78,7 @@ def verify_rounds(
             if len(job.session) < job.base_len:
                 raise StaleBaseLenError(job.session_id, job.base_len, len(job.session))
             job.session.truncate(job.base_len)
-            planned.append((index, job.session.plan_extend(job.draft_tokens)))
+            planned.append((index, _plan_round(job, make_room)))
             _mark_greedy_decoding(job)
         except Exception as error:  # noqa: BLE001 - reported to that round's caller only
             results[index] = error
@@ -172,6 +175,16 @@ def _shaped_round(job: VerifyJob, logits: torch.Tensor) -> tuple[DraftRound, tor
             tokens, logits = list(tokens[:dead_row]), logits[: dead_row + 1]
             probs = probs[:dead_row] if probs is not None else None
     return DraftRound(tokens, probs, job.params, job.base_len), logits, dead_row
+
+
+def _plan_round(job: VerifyJob, make_room: RoomMaker | None) -> PlannedForward:
+    """Plans the round's forward; while its blocks are not free, has `make_room` free some and tries again."""
+    while True:
+        try:
+            return job.session.plan_extend(job.draft_tokens)
+        except KVCacheFullError:
+            if make_room is None or not make_room(job):
+                raise
 
 
 def _mark_greedy_decoding(job: VerifyJob) -> None:

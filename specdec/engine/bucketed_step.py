@@ -3,11 +3,11 @@
 
 A decode or verify step feeds a few tokens per row. Padded to the next bucket (a power of two), every tensor of the
 forward has the bucket's shapes, whatever the rows, so one CUDA graph per bucket replays every such step
-(specdec/engine/cuda_graph_steps.py). The rows' data lives in fixed device buffers, refilled before each replay from one
-host buffer (pinned on CUDA) in one non-blocking copy:
+(specdec/engine/cuda_graph_steps.py). The rows' data lives in fixed device buffers, refilled before each replay from
+host buffers (pinned on CUDA) in non-blocking copies:
 
 - `staged` [6, T]: token ids, positions, block and place each token writes to, its row, the tokens kept for logits;
-- `tables` [R, M]: each row's block ids, -1 past its end.
+- `tables` [R, M]: each row's block ids, -1 past its end (copied as wide as the step's longest table).
 
 Padding tokens belong to a padding row (the last table row) whose table is the pool's scratch block: they write there at
 their own positions (token j at j % B) and attend to one another, so they hold finite values that nobody else reads.
@@ -37,7 +37,11 @@ def token_buckets(largest: int) -> list[int]:
 
 
 class BucketInputs:
-    """The fixed device buffers of one bucket of `tokens` tokens, and filling them from a step's rows."""
+    """The fixed device buffers of one bucket of `tokens` tokens, and filling them from a step's rows.
+
+    The tables hold up to `max_blocks_per_row` blocks a row (a row at the model's longest context), but a step
+    copies only its rows' tables as they are ([rows, longest table]) and widens them on the device: at 128k
+    positions in blocks of 16 a whole table buffer is 16 MB, a step's rows a few KB."""
 
     def __init__(self, tokens: int, max_blocks_per_row: int, device: torch.device):
         self.tokens = tokens
@@ -45,8 +49,10 @@ class BucketInputs:
         self.tables = torch.full((tokens + 1, max_blocks_per_row), -1, dtype=torch.long, device=device)  # [R, M]
         pinned = device.type == "cuda"
         self._host = torch.zeros((6, tokens), dtype=torch.long, pin_memory=pinned)  # [6, T]
-        self._host_tables = torch.full((tokens + 1, max_blocks_per_row), -1, dtype=torch.long, pin_memory=pinned)
+        self._host_tables = torch.zeros(tokens * max_blocks_per_row, dtype=torch.long, pin_memory=pinned)  # [R M]
+        self._step_tables = torch.zeros(tokens * max_blocks_per_row, dtype=torch.long, device=device)  # [R M]
         self._copied = torch.cuda.Event() if pinned else None  # the last copy out of the host buffers
+        self.table_elements_copied = 0  # block ids the last step copied to the device
 
     @property
     def padding_row(self) -> int:
@@ -79,14 +85,18 @@ class BucketInputs:
         row_of.extend([self.padding_row] * padding)
         kept.extend([0] * (self.tokens - len(kept)))
         self._host.copy_(torch.tensor(columns, dtype=torch.long))
-        used = self._host_tables[: len(rows)]  # [n, M]; the rows past them are no query's, whatever they hold
-        used.fill_(-1)
-        for index, (_, table, _, _) in enumerate(rows):
-            used[index, : len(table)] = torch.tensor(table, dtype=torch.long)
-        self._host_tables[self.padding_row, 0] = scratch
+        width = max((len(table) for _, table, _, _ in rows), default=0)
+        count = len(rows) * width
+        if count:
+            self._host_tables[:count] = torch.tensor(
+                [[*table, *[-1] * (width - len(table))] for _, table, _, _ in rows], dtype=torch.long
+            ).view(-1)
         self.staged.copy_(self._host, non_blocking=True)
-        self.tables[: len(rows)].copy_(used, non_blocking=True)
-        self.tables[self.padding_row :].copy_(self._host_tables[self.padding_row :], non_blocking=True)
+        self._step_tables[:count].copy_(self._host_tables[:count], non_blocking=True)
+        self.tables.fill_(-1)
+        self.tables[: len(rows), :width] = self._step_tables[:count].view(len(rows), width)
+        self.tables[self.padding_row, 0] = scratch
+        self.table_elements_copied = count
         if self._copied is not None:
             self._copied.record()
 

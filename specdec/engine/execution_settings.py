@@ -25,6 +25,11 @@ class ExecutionSettings:
         "(--no-cuda-graphs runs every step eagerly)",
     )
     cuda_graph_max_tokens: int = setting(256, "largest step (tokens over all its rows) replayed from a CUDA graph")
+    float32_logits: bool = setting(
+        True,
+        "CUDA with bfloat16 or float16 weights: the LM head's products come out in float32, so near-tied logits "
+        "are not rounded to 16 bits before the argmax (docs/architecture.md, 'Exactness in 16-bit weights')",
+    )
     model_cpus: str = setting(
         "",
         "CPU cores the model thread (and the torch threads it starts) runs on, e.g. '1'; with --cpus naming other "
@@ -33,7 +38,8 @@ class ExecutionSettings:
     model_process: bool = setting(
         False,
         "run the model's passes in a process of its own (weights and keys/values there, block tables here), so the "
-        "serving threads never hold a pass up (packed models on one rank; docs/architecture.md, 'The model process')",
+        "serving threads never hold a pass up (packed CPU models on one rank; refused on CUDA; docs/architecture.md, "
+        "'The model process')",
     )
 
     def model_thread_cpus(self) -> frozenset[int]:

@@ -13,14 +13,16 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from specdec.engine.attention.flex_layout import flex_block_size_refusal
 from specdec.engine.attention.selection import AttentionBackendChoice, choose_attention_backend
 from specdec.engine.borrowed_embeddings import embeddings_source, use_borrowed_embeddings
 from specdec.engine.cpu_linears import use_onednn_linears
 from specdec.engine.cuda_graph_steps import CudaGraphSteps, cuda_graphs_refusal
 from specdec.engine.direct_forward import direct_forward_refusal
 from specdec.engine.draft_kernels import use_draft_kernels
+from specdec.engine.float32_head import use_float32_head
 from specdec.engine.gguf_checkpoint import resolve_model
-from specdec.engine.kv.budget import block_bytes, blocks_in_budget
+from specdec.engine.kv.budget import make_pool, release_cached_memory
 from specdec.engine.kv.pool import KVPool, SequenceKV
 from specdec.engine.packed_forward import PACKED_ATTENTION, packed_forward, packed_forward_refusal
 from specdec.engine.packed_self_test import (
@@ -51,11 +53,30 @@ class ModelSettings:
     attention_backend: AttentionBackendChoice = AttentionBackendChoice.AUTO  # how packed passes attend
     cuda_graphs: bool = True  # CUDA, flex, one GPU: decode and verify steps replayed from captured graphs
     cuda_graph_max_tokens: int = 256  # largest step replayed from a graph
-    kv_cache_budget: float = 0.5  # KV cache bytes, or (at most 1) that share of the device's free memory
+    kv_cache_budget: float = 0.5  # KV cache bytes, or (at most 1) a share of memory (specdec/engine/kv/budget.py)
     kv_block_size: int = 16  # positions per KV cache block
     draft_kernels: bool = (
         False  # CPU float32 Llama drafts: fused products, a bfloat16 head (specdec/engine/draft_kernels.py)
     )
+    float32_logits: bool = True  # CUDA, 16-bit weights: the LM head's products come out in float32
+    model_process: bool = False  # passes in a process of their own (specdec/engine/model_process.py); not on CUDA
+
+    def __post_init__(self) -> None:
+        """Refuses what cannot run, before any weight is loaded (ValueError naming the setting's flag)."""
+        cuda = self.device.split(":")[0] == "cuda"
+        if self.kv_block_size < 1:
+            raise ValueError(f"kv_block_size must be >= 1, got {self.kv_block_size} (--kv-block-size)")
+        flex = self.attention_backend is AttentionBackendChoice.FLEX or (
+            self.attention_backend is AttentionBackendChoice.AUTO and cuda
+        )
+        refusal = flex_block_size_refusal(self.kv_block_size) if flex and cuda else None
+        if refusal is not None:
+            raise ValueError(f"kv_block_size {self.kv_block_size}: {refusal} (--kv-block-size)")
+        if self.model_process and cuda:
+            raise ValueError(
+                f"model_process is for CPU models, not {self.device}: a model process resizes its KV pool to the "
+                "serving process's, which would move the buffers CUDA graphs replay into (drop --model-process)"
+            )
 
     @classmethod
     def of(cls, service_settings: object) -> ModelSettings:
@@ -133,8 +154,10 @@ class LoadedModel:
         self.identity = VocabularyIdentity(settings.model, self.vocab_size, tokenizer_sha256(tokenizer))
         self.eos_token_ids: frozenset[int] = frozenset(_eos_ids(model, tokenizer))
         self.packed = False
+        self.kv_pool: KVPool | None = None  # every sequence's keys and values; None: not packed
         self.attention_backend: AttentionBackend | None = None  # how packed passes attend; None: not packed
         self.graph_steps: CudaGraphSteps | None = None  # decode and verify steps from CUDA graphs; None: eager
+        self.float32_logits = settings.float32_logits and use_float32_head(model)  # the head writes float32
         self.unpacked_reason = self._choose_forward_path()  # None: packed
         if self.unpacked_reason is not None:
             log.warning("%s runs one sequence per pass: %s", settings.model, self.unpacked_reason)
@@ -142,16 +165,22 @@ class LoadedModel:
     def _choose_forward_path(self) -> str | None:
         """Runs the start-up self-test (specdec/engine/packed_self_test.py) and leaves the model on the packed path
         (returns None) or on the cached one (returns why not packed). Raises UnsupportedModelError when neither
-        reproduces the model's own pass."""
+        reproduces the model's own pass.
+
+        In this order (docs/architecture.md, "The KV cache"): the self-test, on a probe pool of its own; then, once
+        packing is accepted, the KV pool sized by the budget and (on CUDA) allocated whole; then the CUDA graphs,
+        captured on that pool. A model refused packing never allocates the pool."""
         ids = probe_tokens(self.vocab_size)
         reference = plain_logits(self.model, ids, self.device)[:, : self.vocab_size]  # [T, V served]
         reason = packed_forward_refusal(self.model.config)
         if reason is None:
             own_attention = self.model.config._attn_implementation
-            self.use_packed_forward()
-            block_size = self.kv_pool.block_size
-            reason = packed_mismatch(self.model, self.attention_backend, block_size, self.device, ids, reference)
-            if reason is not None:
+            backend = self._attention_backend()
+            self.model.set_attn_implementation(PACKED_ATTENTION)
+            reason = packed_mismatch(self.model, backend, self.settings.kv_block_size, self.device, ids, reference)
+            if reason is None:
+                self.use_packed_forward(backend)
+            else:
                 self.use_cached_forward(own_attention)
         if reason is not None:
             broken = cached_mismatch(self.forward, self.new_cache(), logits_dtype(self.model), ids, reference)
@@ -162,22 +191,26 @@ class LoadedModel:
                 )
         return reason
 
-    def use_packed_forward(self) -> None:
-        """Many sequences per pass from now on: packed attention through the settings' backend, a KVPool."""
-        model, config = self.model, self.model.config
-        model.set_attn_implementation(PACKED_ATTENTION)
-        self.kv_pool = self._make_pool()  # every sequence's keys/values on this model
+    def _attention_backend(self) -> AttentionBackend:
+        """The settings' attention backend for this model's device, dtype and head size; logs it and why."""
+        config = self.model.config
         head_dim = getattr(config, "head_dim", None) or (config.hidden_size // config.num_attention_heads)
-        self.attention_backend, why = choose_attention_backend(
-            self.settings.attention_backend, self.device, model.dtype, head_dim
-        )
-        log.info("%s attends through the %s backend (%s)", self.settings.model, self.attention_backend.name, why)
-        not_direct = direct_forward_refusal(model)
+        choice = self.settings.attention_backend
+        backend, why = choose_attention_backend(choice, self.device, self.model.dtype, head_dim)
+        log.info("%s attends through the %s backend (%s)", self.settings.model, backend.name, why)
+        return backend
+
+    def use_packed_forward(self, backend: AttentionBackend) -> None:
+        """Many sequences per pass from now on, attending through `backend`: the KV pool, then the graphs."""
+        not_direct = direct_forward_refusal(self.model)
         how = (
             "direct (specdec/engine/direct_forward.py)" if not_direct is None else f"through its modules: {not_direct}"
         )
         log.info("%s runs packed passes %s", self.settings.model, how)
+        self.model.set_attn_implementation(PACKED_ATTENTION)
+        self.attention_backend = backend
         self.packed = True
+        self.kv_pool = self._allocated_pool()  # every sequence's keys/values on this model
         self.graph_steps = self._captured_steps()
 
     def _captured_steps(self) -> CudaGraphSteps | None:
@@ -201,30 +234,27 @@ class LoadedModel:
         return None
 
     def use_cached_forward(self, attention: str) -> None:
-        """One sequence per pass from now on, on DynamicCache, with the model's own `attention` implementation."""
+        """One sequence per pass from now on, on DynamicCache, with the model's own `attention` implementation; a
+        KV pool held so far goes back to the device."""
         self.model.set_attn_implementation(attention)
         self.attention_backend = None
         self.graph_steps = None
+        self.kv_pool = None
         self.packed = False
+        release_cached_memory(self.device)
 
-    def _make_pool(self) -> KVPool:
-        """The model's paged KV pool, as many blocks as the budget buys; logs what it reserved."""
-        settings, config = self.settings, self.model.config
-        num_blocks = blocks_in_budget(
-            settings.kv_cache_budget, config, self.model.dtype, self.device, settings.kv_block_size
-        )
-        per_block = block_bytes(config, self.model.dtype, settings.kv_block_size)
-        log.info(
-            "KV cache of %s: %d blocks of %d positions, %.1f MiB (kv_cache_budget %g)",
-            settings.model,
-            num_blocks,
-            settings.kv_block_size,
-            num_blocks * per_block / 2**20,
-            settings.kv_cache_budget,
-        )
-        return KVPool(
-            config.num_hidden_layers, num_blocks, settings.kv_block_size, preallocate=self.device.type == "cuda"
-        )
+    def _allocated_pool(self) -> KVPool:
+        """The model's paged KV pool, as many blocks as the budget buys once the self-test has run (the memory it
+        held is back); where the pool is held whole (CUDA), its buffers are allocated now, by a one-token pass
+        through every layer, so what serving needs is held before it starts."""
+        release_cached_memory(self.device)
+        settings = self.settings
+        pool = make_pool(settings.kv_cache_budget, self.model, self.device, settings.kv_block_size, settings.model)
+        if pool.preallocated:
+            sequence = pool.new_sequence()
+            packed_forward(self.model, [([0], sequence, 1)], self.device, self.attention_backend)
+            del sequence  # its block goes back; the buffers stay
+        return pool
 
     @classmethod
     def load(cls, settings: ModelSettings, **from_pretrained_kwargs) -> LoadedModel:

@@ -22,6 +22,7 @@ from transformers import AttentionInterface, PretrainedConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from specdec.common.host_copies import to_device
 from specdec.engine.direct_forward import direct_forward_refusal, direct_logits
 from specdec.engine.kv.pool import SequenceKV
 from specdec.engine.packed_step import AttentionBackend, PackedRow, PackedStep, StaticStep
@@ -134,10 +135,10 @@ def packed_forward(
         keep_index = torch.cat([torch.arange(at, end) for at, end in zip(keep_at, step.offsets[1:])])  # [K]
         logits = packed_logits(
             model,
-            input_ids.to(device, non_blocking=True),
+            to_device(input_ids, device),
             step.positions,
             step,
-            keep_index.to(device, non_blocking=True),
+            to_device(keep_index, device),
         ).float()  # [K, V]
         step.finish()
     return list(torch.split(logits, [keep for _, _, keep in rows]))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.common.host_copies import to_device
 from specdec.engine.attention.flex_layout import FlexLayout
 from specdec.engine.kv.pool import KVPool, SequenceKV
 
@@ -69,11 +70,11 @@ class PackedStep:
             self.offsets.append(self.offsets[-1] + row.count)
         block_size = self.pool.block_size
         positions = [p for r in self.rows for p in range(r.start, r.start + r.count)]
-        self.positions = torch.tensor(positions).to(device, non_blocking=True)  # [T]
+        self.positions = to_device(torch.tensor(positions), device)  # [T]
         written = [
             (r.kv.table[p // block_size], p % block_size) for r in self.rows for p in range(r.start, r.start + r.count)
         ]
-        self.write_at = torch.tensor(written).T.to(device, non_blocking=True)  # [2, T]: each token's block and place
+        self.write_at = to_device(torch.tensor(written).T, device)  # [2, T]: each token's block and place
         self.backend = backend
         self.plan = backend.plan(self, device, dtype)  # what every layer's attention shares
 

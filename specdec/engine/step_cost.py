@@ -21,7 +21,8 @@ from specdec.engine.model_runtime import LoadedModel
 
 log = logging.getLogger(__name__)
 
-CALIBRATION_TOKENS = (1, 4, 16, 64)  # tokens per calibration pass (one row each)
+CALIBRATION_TOKENS = (1, 4, 16, 64)  # tokens per calibration pass
+CALIBRATION_ROW_TOKENS = 5  # most tokens a calibration row feeds: a γ 4 verify block, as live decode passes feed
 
 
 class StepCost:
@@ -79,14 +80,15 @@ def calibrate(
 ) -> StepCost:
     """Times passes of each token count on fresh caches (median of `repeats`) and fits the line.
 
-    The tokens of a pass are one row (a verify block, a prefill) or, with one_token_rows, that many rows of
-    one token each (a batched draft position). The clock is read after the device has synchronised. Passes whose
-    caches the model's KV budget cannot hold are left out.
+    The tokens of a pass are rows of verify blocks (at most CALIBRATION_ROW_TOKENS each) or, with one_token_rows,
+    rows of one token each (a batched draft position): decode passes as live steps feed them, so every point is
+    served the way those are (from CUDA graphs where the model has them), never some eagerly and some not. The
+    clock is read after the device has synchronised. Passes whose caches the KV budget cannot hold are left out.
     """
     token_counts = _fitting_budget(model, token_counts, one_token_rows)
     medians = []
     for count in token_counts:
-        shape = [1] * count if one_token_rows else [count]  # tokens per row
+        shape = _row_tokens(count, one_token_rows)
         times = []
         for _ in range(repeats):
             rows = [([1] * tokens, model.new_cache(), 1) for tokens in shape]
@@ -115,5 +117,11 @@ def _fitting_budget(model: LoadedModel, token_counts: Sequence[int], one_token_r
     if not model.packed:
         return list(token_counts)
     pool = model.kv_pool
-    fitting = [c for c in token_counts if (c if one_token_rows else pool.blocks_for(c)) <= pool.blocks.free]
+    fitting = [c for c in token_counts if sum(map(pool.blocks_for, _row_tokens(c, one_token_rows))) <= pool.blocks.free]
     return fitting or [min(token_counts)]
+
+
+def _row_tokens(count: int, one_token_rows: bool) -> list[int]:
+    """Tokens per row of a calibration pass of `count` tokens."""
+    width = 1 if one_token_rows else CALIBRATION_ROW_TOKENS
+    return [width] * (count // width) + ([count % width] if count % width else [])

@@ -90,8 +90,9 @@ class ConstraintCompiler:
         stop_token_ids: Sequence[int],
         limits: ConstraintLimits = ConstraintLimits(),
     ):
+        # no stop ids given (a model without EOS in its configs): xgrammar looks for the tokenizer's own
         info = xgrammar.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids)
+            tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids) or None
         )
         self.vocab_size = vocab_size
         self.limits = limits

@@ -15,12 +15,11 @@ import torch
 from specdec.sampling.row_sampling import (
     RowSettings,
     batched_probs,
-    coupled_noise,
     host_uniforms,
     host_values,
     inverse_cdf,
 )
-from specdec.sampling.rules import SamplingParams, Stream
+from specdec.sampling.rules import SamplingParams, Stream, coupled_scores
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,7 @@ def choose_rows(logits: torch.Tensor, requests: Sequence[RowRequest]) -> list[Ro
 
     - greedy rows: the first argmax;
     - sampled rows under the rejection rule: inverse-CDF draws from q at their position's DRAFT uniform;
-    - coupled rows: argmax(log q + g) in float64 with their position's Gumbel noise g;
+    - coupled rows: argmax(q / e) with their position's exponential noise e (= argmax(log q + g));
     - ranked: one top-k of width max(num_alternatives) + 1 over the logits, or the coupled rows' scores.
     """
     device, vocab = logits.device, logits.shape[-1]
@@ -66,11 +65,11 @@ def choose_rows(logits: torch.Tensor, requests: Sequence[RowRequest]) -> list[Ro
     ranking = logits.double() if width > 1 else None  # [K, V]: float64 holds every float logit exactly, in order
     if coupled:
         rows = host_values(coupled, torch.long, device)  # [C]
-        noise = coupled_noise([(requests[i].params.seed, requests[i].position) for i in coupled], vocab, device)
-        scores = probs.index_select(0, rows).double().log() + noise  # [C, V], as coupled_scores
+        draws = [(requests[i].params.seed, requests[i].position) for i in coupled]
+        scores = coupled_scores(probs.index_select(0, rows), draws)  # [C, V]: q / e
         tokens = tokens.index_copy(0, rows, scores.argmax(dim=-1))  # [K]
         if ranking is not None:
-            ranking = ranking.index_copy(0, rows, scores)
+            ranking = ranking.index_copy(0, rows, scores.double())
     columns = [tokens.unsqueeze(-1), codes.long().unsqueeze(-1)]  # [K, 1] each
     if ranking is not None:
         columns.append(ranking.topk(width, dim=-1).indices)  # [K, width], largest first

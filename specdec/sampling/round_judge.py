@@ -2,11 +2,12 @@
 
 `judge_rounds` gives every round exactly the Verdict that specdec/sampling/rules.py's `sample_verdict` gives it one at a
 time (greedy, the rejection rule with q or a one-hot q, the coupled rule), each round with its own settings. The
-host checks what it knows (shapes, token ids, positions) and makes the uniforms and the Gumbel noise, which are pure
-functions of seed and position; the device computes every row's own target token and bad-logits code, and each
-rejection round's accepted count and draw, into one small tensor, the only value read back; greedy and coupled
-rounds then accept on the host while their drafts match the targets. (Exactly, that is, wherever torch sums a row
-of a batch as it sums the row alone, as on one CPU thread: a residual's mass may otherwise differ in its last bit.)
+host checks what it knows (shapes, token ids, positions) and makes the uniforms and the coupled rule's noise keys,
+which are pure functions of seed and position; the device makes the noise from its keys and computes every row's
+own target token and bad-logits code, and each rejection round's accepted count and draw, into one small tensor,
+the only value read back; greedy and coupled rounds then accept on the host while their drafts match the targets.
+(Exactly, that is, wherever torch sums a row of a batch as it sums the row alone, as on one CPU thread: a
+residual's mass may otherwise differ in its last bit.)
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from functools import cached_property
 
 import torch
 
+from specdec.common.host_copies import to_device
 from specdec.sampling.row_sampling import (
     BAD_LOGITS_MESSAGES,
     BadLogits,
     RowSettings,
     batched_probs,
-    coupled_noise,
     host_uniforms,
     host_values,
     inverse_cdf,
@@ -34,6 +35,7 @@ from specdec.sampling.rules import (
     Stream,
     Verdict,
     checked_round,
+    coupled_scores,
     verdict_of_target_tokens,
 )
 
@@ -133,14 +135,13 @@ class _Step:
         return outcomes
 
     def target_tokens(self) -> torch.Tensor:
-        """The target's own token per row [K]: its first argmax, or argmax(log p + g) on coupled rounds' rows."""
+        """The target's own token per row [K]: its first argmax, or argmax(p / e) on coupled rounds' rows."""
         coupled = [(r, i) for r, rd in enumerate(self.rounds) if rd.params.coupled for i in range(self.gammas[r] + 1)]
         if not coupled:
             return self.first_argmax
         draws = [(self.rounds[r].params.seed, self.rounds[r].start_position + i) for r, i in coupled]
-        noise = coupled_noise(draws, self.probs.shape[1], self.device)  # [C, V]
         rows = self.tensor([self.offsets[r] + i for r, i in coupled])  # [C]
-        return self.first_argmax.index_copy(0, rows, (self.probs[rows].double().log() + noise).argmax(dim=-1))
+        return self.first_argmax.index_copy(0, rows, coupled_scores(self.probs[rows], draws).argmax(dim=-1))
 
     @cached_property
     def slots(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -164,7 +165,7 @@ class _Step:
             dtype = torch.promote_types(dtype, q.dtype) if q is not None else dtype
         vocab, stacked, q_rows, start = self.probs.shape[1], [], [], 0
         for q, g in zip(given, (self.gammas[r] for r in self.rejection)):
-            stacked += [q.to(self.device, dtype, non_blocking=True)] if q is not None else []
+            stacked += [to_device(q.to(dtype), self.device)] if q is not None else []
             q_rows.append([start + i if q is not None and i < g else -1 for i in range(self.width)])
             start += g if q is not None else 0
         q_all = torch.cat([*stacked, torch.zeros(1, vocab, dtype=dtype, device=self.device)])  # [Q+1, V]

@@ -3,7 +3,8 @@
 The batched counterpart of specdec/sampling/rules.py's one-row functions: `RowSettings` holds every row's temperature,
 top-k and top-p as tensors; `batched_probs` turns logits [K, V] into the probabilities `logits_to_probs` gives row by
 row, with a per-row code instead of an exception for bad logits; `inverse_cdf` draws as `sample_token` does from
-uniforms made on the host (pure functions of seed and position, so no device value is read to make them). A step
+uniforms made on the host (pure functions of seed and position, so no device value is read to make them); the coupled
+rule's noise is made on the device (specdec/sampling/coupled_noise.py). A step
 that judges or drafts many rows calls these and reads its results back once (docs/architecture.md, "A step
 without host syncs").
 """
@@ -18,7 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specdec.sampling.rules import SamplingParams, Stream, gumbel_noise, position_uniform
+from specdec.common.host_copies import to_device
+from specdec.sampling.rules import SamplingParams, Stream, position_uniform
 
 
 class BadLogits(enum.IntEnum):
@@ -37,7 +39,7 @@ BAD_LOGITS_MESSAGES = {
 
 def host_values(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Values made on the host, as a tensor on `device`, copied there without waiting."""
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+    return to_device(torch.tensor(values, dtype=dtype), device)
 
 
 @dataclass(frozen=True)
@@ -152,11 +154,3 @@ def host_uniforms(draws: Sequence[tuple[int, int, Stream]], device: torch.device
     """position_uniform of each (seed, position, stream), as float64 [len(draws)] on `device`."""
     values = [position_uniform(seed, position, stream) for seed, position, stream in draws]
     return host_values(values, torch.float64, device)
-
-
-def coupled_noise(draws: Sequence[tuple[int, int]], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """The coupled rule's Gumbel noise of each (seed, position), float64 [len(draws), V] on `device`."""
-    if not draws:
-        return torch.empty((0, vocab_size), dtype=torch.float64, device=device)
-    noise = torch.stack([gumbel_noise(seed, position, vocab_size) for seed, position in draws])  # [K, V]
-    return noise.to(device, non_blocking=True)

@@ -22,17 +22,17 @@ draws are independent of the verifier's.
 That rule (SamplingRule.REJECTION) still lets the tokens depend on where blocks start and end: a position
 drawn by the accept/recover draws in one run may be a bonus draw in another. The coupled rule
 (SamplingRule.COUPLED) removes that: position t has Gumbel noise g_t in R^V, a function of (seed, t) alone
-(gumbel_noise). The target's token there is y_t = argmax(log p_t + g_t), which is distributed exactly as
-p_t (the Gumbel-max trick); the draft drafts x_t = argmax(log q_t + g_t) with the same noise, so it agrees
-with the target wherever q resembles p. The verifier accepts x_t while x_t = y_t and emits y at the first
-mismatch (or y_{γ+1} as the bonus): every committed token is the plain decoder's y_t, whatever the blocks,
-and q is never needed.
+(g_t = -log e_t, with e_t the exponential noise of specdec/sampling/coupled_noise.py, made on the device of the
+probabilities). The target's token there is y_t = argmax(log p_t + g_t) = argmax(p_t / e_t), which is
+distributed as p_t (the Gumbel-max trick); the draft drafts x_t = argmax(log q_t + g_t) with the same noise
+(coupled_scores), so it agrees with the target wherever q resembles p. The verifier accepts x_t while
+x_t = y_t and emits y at the first mismatch (or y_{γ+1} as the bonus): every committed token is the plain
+decoder's y_t, whatever the blocks, and q is never needed.
 """
 
 from __future__ import annotations
 
 import enum
-import functools
 import hashlib
 import math
 import struct
@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdec.sampling.coupled_noise import exponential_noise
 from specdec.sampling.token_logprobs import TokenLogprob
 
 _U64_LIMIT = 2**64
@@ -228,34 +229,23 @@ def sample_token(probs: torch.Tensor, params: SamplingParams, position: int, str
     return token
 
 
-GUMBEL_CACHE_SIZE = 32  # noise rows kept: a round's positions, re-drafted by pre-draft lanes and then verified
-
-
-@functools.lru_cache(maxsize=GUMBEL_CACHE_SIZE)
-def gumbel_noise(seed: int, position: int, vocab_size: int) -> torch.Tensor:
-    """g_t: standard Gumbel noise [V] (float64, CPU) for absolute sequence `position`, a function of (seed,
-    position) alone: drawn by a CPU generator seeded by the hash of (seed, position, GUMBEL), so every device
-    and process gets the same noise. Cached (the same rows are drafted, re-drafted and verified): never modify
-    the tensor returned."""
-    uniform = torch.rand(vocab_size, generator=position_generator(seed, position, Stream.GUMBEL), dtype=torch.float64)
-    return -torch.log(-torch.log(uniform.clamp_(min=torch.finfo(torch.float64).tiny)))
-
-
-def coupled_scores(probs: torch.Tensor, seed: int, start_position: int) -> torch.Tensor:
-    """log probs + g, float64 [R, V], for probability rows [R, V] at positions start_position.. (row i at
-    start_position + i), on the rows' device. Masked tokens (probability 0) score -inf, so the argmax of a row
-    is a draw from it (the Gumbel-max trick), and its ranking is what the coupled rule guesses from."""
-    if probs.ndim != 2 or probs.shape[1] == 0:
-        raise ValueError(f"probs must have shape [R, V] with V >= 1, got {list(probs.shape)}")
-    vocab = probs.shape[1]
-    noise = torch.stack([gumbel_noise(seed, start_position + i, vocab) for i in range(probs.shape[0])])  # [R, V]
-    return probs.double().log() + noise.to(probs.device)
+def coupled_scores(probs: torch.Tensor, draws: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """p / e, float32 [R, V], for probability rows [R, V] and each row's (seed, position): e is the position's
+    exponential noise (specdec/sampling/coupled_noise.py), made on the rows' device from the hash of (seed, position,
+    GUMBEL). argmax(p / e) = argmax(log p + g) with g = -log e Gumbel: the argmax of a row is a draw from it (the
+    Gumbel-max trick), masked tokens (probability 0) score 0 and are never drawn, and its ranking is what the
+    coupled rule guesses from."""
+    if probs.ndim != 2 or probs.shape[1] == 0 or probs.shape[0] != len(draws):
+        raise ValueError(f"probs must have shape [R, V] with V >= 1 and a row per draw, got {list(probs.shape)}")
+    keys = [_position_key(seed, position, Stream.GUMBEL) for seed, position in draws]
+    return probs.float() / exponential_noise(keys, probs.shape[1], probs.device)
 
 
 def coupled_tokens(probs: torch.Tensor, params: SamplingParams, start_position: int) -> list[int]:
     """The coupled rule's token per probability row [R, V]: argmax(log p + g) at start_position + i; one
     transfer from the device for all rows."""
-    return coupled_scores(probs, params.seed, start_position).argmax(dim=-1).tolist()
+    draws = [(params.seed, start_position + i) for i in range(probs.shape[0])]
+    return coupled_scores(probs, draws).argmax(dim=-1).tolist()
 
 
 def plain_token(probs: torch.Tensor, params: SamplingParams, position: int) -> int:

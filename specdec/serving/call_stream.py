@@ -93,6 +93,8 @@ class CallStreamServer:
             request = method.request_type.FromString(call.request)
         except DecodeError as error:
             return _status_reply(call, *logged_status(call.method, InvalidFieldError("request", str(error))))
+        if call.timeout_s > 0:
+            context = _CallContext(context, asyncio.get_running_loop().time() + call.timeout_s)
         with self.telemetry.observed(call.method, request, carrier) as observed:
             try:
                 response = await method.handler(request, context)
@@ -100,6 +102,21 @@ class CallStreamServer:
                 observed.code, details = logged_status(call.method, error)
                 return _status_reply(call, observed.code, details)
         return common_pb2.StreamedReply(call_id=call.call_id, response=response.SerializeToString())
+
+
+class _CallContext:
+    """The stream's context as one call on it sees it: with the call's own deadline (specdec/serving/wire.py
+    call_deadline reads it), the rest the stream's."""
+
+    def __init__(self, stream: grpc.aio.ServicerContext, deadline: float):
+        self._stream = stream
+        self._deadline = deadline  # on the event loop's clock
+
+    def time_remaining(self) -> float:
+        return max(self._deadline - asyncio.get_running_loop().time(), 0.0)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 def _status_reply(call: common_pb2.StreamedCall, code: grpc.StatusCode, details: str) -> common_pb2.StreamedReply:

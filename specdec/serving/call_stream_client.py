@@ -47,6 +47,7 @@ class CallStreamClient:
             method=f"/{self._service.full_name}/{method}",
             request=request.SerializeToString(),
             traceparent=carrier.get("traceparent", ""),
+            timeout_s=timeout,
         )
         reply = asyncio.get_running_loop().create_future()
         pending: dict[int, asyncio.Future] = {}

@@ -17,6 +17,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from specdec.serving.drain import SessionDrain
 from specdec.serving.grpc_errors import ErrorMappingInterceptor
 from specdec.serving.grpc_options import channel_options
 from specdec.serving.grpc_telemetry import ServerTelemetryInterceptor, role_of
@@ -107,13 +108,20 @@ async def start_health_server(
     return server, health_port
 
 
-async def wait_for_termination(running: RunningServer, grace_s: float) -> None:
-    """Serves until SIGTERM/SIGINT, then drains in-flight calls for up to grace_s seconds."""
+async def wait_for_termination(running: RunningServer, grace_s: float, sessions: SessionDrain | None = None) -> None:
+    """Serves until SIGTERM/SIGINT, then drains for up to grace_s seconds: a model service (`sessions`) first waits,
+    unready (still live) and opening no new sessions, for its sessions to be moved or closed
+    (specdec/serving/drain.py); then in-flight calls get what is left of the grace period."""
     serving = asyncio.ensure_future(running.server.wait_for_termination())
     stopping = asyncio.ensure_future(running.stop_requested.wait())
     await asyncio.wait([serving, stopping], return_when=asyncio.FIRST_COMPLETED)
     if running.stop_requested.is_set():
         log.info("signal received: draining for up to %.0fs", grace_s)
-        await running.stop(grace_s)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        if sessions is not None:
+            await running.health.set_ready(False)
+            await sessions.drain(grace_s)
+        await running.stop(max(deadline - loop.time(), 0.0))
     serving.cancel()
     stopping.cancel()

@@ -79,6 +79,10 @@ class SessionStore(Generic[SessionT]):
         self._touched[session_id] = time.monotonic()
         return session
 
+    def peek(self, session_id: str) -> SessionT | None:
+        """The session, or None; not marked as touched (a look by the service itself, not a call on it)."""
+        return self._sessions.get(session_id)
+
     def close(self, session_id: str) -> bool:
         """Drops a session, releasing its KV cache; False when it was not open."""
         self._touched.pop(session_id, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Sequence
 
@@ -164,6 +165,15 @@ def kv_block_info(pool: KVPool | None) -> dict[str, int]:
         "kv_blocks_free": blocks.free,
         "kv_blocks_shared": blocks.shared,
     }
+
+
+def call_deadline(context) -> float | None:
+    """The event loop's time at which a call's deadline passes (grpc.aio ServicerContext); None when it has none
+    (or when the servicer is called in-process, without a context)."""
+    remaining = context.time_remaining() if context is not None else None
+    if remaining is None or remaining == float("inf"):
+        return None
+    return asyncio.get_running_loop().time() + remaining
 
 
 def checked_top_logprobs(logprobs: bool, top_logprobs: int) -> int | None:

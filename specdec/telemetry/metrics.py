@@ -1,10 +1,11 @@
 """Prometheus metrics (prefix `specdec_`), grouped by who records them, and the /metrics endpoint.
 
 Every service: `RpcMetrics` (recorded by the server interceptor) and, on the draft and verify services,
-`session_gauges` and `kv_block_gauges` (specdec_kv_blocks{state="used"|"free"|"shared"}); on the verify service
-`VerifyPassMetrics`: each scoring pass's time, with or without a prefill in it
-(specdec_verify_pass_duration_seconds{prefill="with"|"without"}), and the prompt tokens it prefilled and the
-tokens it scored (specdec_verify_pass_tokens_total{kind="prefill"|"scored"}).
+`session_gauges`, `kv_block_gauges` (specdec_kv_blocks{state="used"|"free"|"shared"}) and `SessionQueueMetrics`
+(specdec_queued_sessions{kind="new"|"resume"}, specdec_queue_wait_seconds{kind}, specdec_preemptions_total: the
+queue for KV blocks and the sessions preempted); on the verify service `VerifyPassMetrics`: each scoring pass's
+time, with or without a prefill in it (specdec_verify_pass_duration_seconds{prefill="with"|"without"}), and the
+prompt tokens it prefilled and the tokens it scored (specdec_verify_pass_tokens_total{kind="prefill"|"scored"}).
 The coordinator: `SpeculationMetrics`, fed from the same numbers as the per-request GenerationStats, so
 summing the responses' stats gives the counters:
 
@@ -22,6 +23,7 @@ summing the responses' stats gives the counters:
   draft_ns, verify_ns, sampling_ns, wire_ns, prefill_ns
                               specdec_stage_duration_seconds_sum{stage="draft"|"verify"|"sampling"|"wire"|"prefill"}
   prompt_tokens               specdec_prompt_tokens_total
+  verify/draft_session_moves  specdec_session_moves_total{kind="verify"|"draft", reason}
   len(token_ids) returned     specdec_generated_tokens_total
 """
 
@@ -33,6 +35,7 @@ from collections.abc import Callable
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from specdec.engine.kv.admission import KVAdmission
 from specdec.engine.kv.blocks import BlockAllocator
 
 log = logging.getLogger(__name__)
@@ -101,6 +104,12 @@ class SpeculationMetrics:
             "Rounds the verifier ran straight after the previous verdict (VerifyNext), without a round trip",
         )
         self.finished = counter("requests_finished", "Generations that ended, by finish reason", ("finish_reason",))
+        self.session_moves = counter(
+            "session_moves",
+            "Sessions moved to another replica with the committed tokens, by kind (verify, draft) and reason "
+            "(unavailable, lost_session, draining, failed)",
+            ("kind", "reason"),
+        )
         self.tokens_per_round = Histogram(
             PREFIX + "tokens_per_round",
             "Tokens committed per round (accepted + recovered/bonus); _sum/_count is the mean accepted length",
@@ -246,6 +255,50 @@ def verify_pass_metrics(registry: CollectorRegistry = REGISTRY) -> VerifyPassMet
 def observe_verify_pass(ns: int, prefill_tokens: int, scored_tokens: int) -> None:
     """Records one scoring pass of this verify replica (a VerifyService on_pass hook)."""
     verify_pass_metrics().observe(ns, prefill_tokens, scored_tokens)
+
+
+class SessionQueueMetrics:
+    """A model service's queue for KV blocks (specdec/engine/kv/admission.py) and its preemptions
+    (specdec/engine/kv/preemption.py): sessions waiting now, how long each waited, sessions preempted."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.queued = Gauge(
+            PREFIX + "queued_sessions",
+            "Sessions waiting for free KV blocks, by kind: new ones, and preempted ones waiting to resume",
+            ["kind"],
+            registry=registry,
+        )
+        self.wait = Histogram(
+            PREFIX + "queue_wait_seconds",
+            "Time a session waited for free KV blocks before its call ran, by kind (new, resume)",
+            ["kind"],
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.preemptions = Counter(
+            PREFIX + "preemptions", "Sessions preempted (KV blocks freed, recomputed later)", registry=registry
+        )
+
+    def watch(self, admission: KVAdmission) -> None:
+        """Reads the queue's lengths at scrape time."""
+        self.queued.labels("new").set_function(lambda: admission.queued(resuming=False))
+        self.queued.labels("resume").set_function(lambda: admission.queued(resuming=True))
+
+
+@functools.cache
+def session_queue_metrics(registry: CollectorRegistry = REGISTRY) -> SessionQueueMetrics:
+    """The KV queue metrics of `registry`, registered on first use."""
+    return SessionQueueMetrics(registry)
+
+
+def observe_queue_wait(seconds: float, resuming: bool) -> None:
+    """Records one admission's wait (a KVAdmission on_wait hook)."""
+    session_queue_metrics().wait.labels("resume" if resuming else "new").observe(seconds)
+
+
+def observe_preemption() -> None:
+    """Counts one preempted session (a Preemptions on_preempt hook)."""
+    session_queue_metrics().preemptions.inc()
 
 
 def serve_metrics(port: int, registry: CollectorRegistry = REGISTRY) -> None:

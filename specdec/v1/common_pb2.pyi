@@ -124,16 +124,18 @@ class ServiceInfo(_message.Message):
     def __init__(self, model_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_sha256: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., active_sessions: _Optional[int] = ..., kv_cache_tokens: _Optional[int] = ..., max_sessions: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., draft_methods: _Optional[_Iterable[_Union[DraftMethod, str]]] = ..., step_cost_fixed_ns: _Optional[float] = ..., step_cost_per_token_ns: _Optional[float] = ..., kv_block_size: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., kv_blocks_shared: _Optional[int] = ...) -> None: ...
 
 class StreamedCall(_message.Message):
-    __slots__ = ("call_id", "method", "request", "traceparent")
+    __slots__ = ("call_id", "method", "request", "traceparent", "timeout_s")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     call_id: int
     method: str
     request: bytes
     traceparent: str
-    def __init__(self, call_id: _Optional[int] = ..., method: _Optional[str] = ..., request: _Optional[bytes] = ..., traceparent: _Optional[str] = ...) -> None: ...
+    timeout_s: float
+    def __init__(self, call_id: _Optional[int] = ..., method: _Optional[str] = ..., request: _Optional[bytes] = ..., traceparent: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class StreamedReply(_message.Message):
     __slots__ = ("call_id", "status_code", "status_details", "response")

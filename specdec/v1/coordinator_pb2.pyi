@@ -66,7 +66,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., num_speculative_tokens: _Optional[int] = ..., include_stats: _Optional[bool] = ..., request_id: _Optional[str] = ..., draft_method: _Optional[_Union[_common_pb2.DraftMethod, str]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., constraint: _Optional[_Union[_common_pb2.Constraint, _Mapping]] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
-    __slots__ = ("rounds", "drafted_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "accepted_per_position", "drafted_per_position", "draft_ns", "verify_ns", "sampling_ns", "wire_ns", "prefill_ns", "total_ns", "predraft_attempts", "predraft_hits", "seed", "prompt_tokens", "predraft_guesses", "chained_rounds", "wire_bytes", "sampling_rule")
+    __slots__ = ("rounds", "drafted_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "accepted_per_position", "drafted_per_position", "draft_ns", "verify_ns", "sampling_ns", "wire_ns", "prefill_ns", "total_ns", "predraft_attempts", "predraft_hits", "seed", "prompt_tokens", "predraft_guesses", "chained_rounds", "wire_bytes", "sampling_rule", "verify_session_moves", "draft_session_moves")
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     DRAFTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,8 @@ class GenerationStats(_message.Message):
     CHAINED_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_RULE_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_SESSION_MOVES_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_SESSION_MOVES_FIELD_NUMBER: _ClassVar[int]
     rounds: int
     drafted_tokens: int
     accepted_tokens: int
@@ -109,7 +111,9 @@ class GenerationStats(_message.Message):
     chained_rounds: int
     wire_bytes: int
     sampling_rule: _common_pb2.SamplingRule
-    def __init__(self, rounds: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., drafted_per_position: _Optional[_Iterable[int]] = ..., draft_ns: _Optional[int] = ..., verify_ns: _Optional[int] = ..., sampling_ns: _Optional[int] = ..., wire_ns: _Optional[int] = ..., prefill_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., predraft_attempts: _Optional[int] = ..., predraft_hits: _Optional[int] = ..., seed: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., predraft_guesses: _Optional[int] = ..., chained_rounds: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., sampling_rule: _Optional[_Union[_common_pb2.SamplingRule, str]] = ...) -> None: ...
+    verify_session_moves: int
+    draft_session_moves: int
+    def __init__(self, rounds: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., drafted_per_position: _Optional[_Iterable[int]] = ..., draft_ns: _Optional[int] = ..., verify_ns: _Optional[int] = ..., sampling_ns: _Optional[int] = ..., wire_ns: _Optional[int] = ..., prefill_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., predraft_attempts: _Optional[int] = ..., predraft_hits: _Optional[int] = ..., seed: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., predraft_guesses: _Optional[int] = ..., chained_rounds: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., sampling_rule: _Optional[_Union[_common_pb2.SamplingRule, str]] = ..., verify_session_moves: _Optional[int] = ..., draft_session_moves: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "stats", "request_id", "logprobs")

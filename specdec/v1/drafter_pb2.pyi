@@ -76,23 +76,27 @@ class ProposeLanesRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., lanes: _Optional[_Iterable[_Union[LaneProposal, _Mapping]]] = ...) -> None: ...
 
 class ProposeLanesResponse(_message.Message):
-    __slots__ = ("lanes",)
+    __slots__ = ("lanes", "draining")
     LANES_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     lanes: _containers.RepeatedCompositeFieldContainer[ProposeResponse]
-    def __init__(self, lanes: _Optional[_Iterable[_Union[ProposeResponse, _Mapping]]] = ...) -> None: ...
+    draining: bool
+    def __init__(self, lanes: _Optional[_Iterable[_Union[ProposeResponse, _Mapping]]] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("draft_token_ids", "draft_probs", "session_len", "draft_ns", "batch_rows", "alternative_token_ids")
+    __slots__ = ("draft_token_ids", "draft_probs", "session_len", "draft_ns", "batch_rows", "alternative_token_ids", "draining")
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
     SESSION_LEN_FIELD_NUMBER: _ClassVar[int]
     DRAFT_NS_FIELD_NUMBER: _ClassVar[int]
     BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
     ALTERNATIVE_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_probs: _common_pb2.ProbabilityMatrix
     session_len: int
     draft_ns: int
     batch_rows: int
     alternative_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Union[_common_pb2.ProbabilityMatrix, _Mapping]] = ..., session_len: _Optional[int] = ..., draft_ns: _Optional[int] = ..., batch_rows: _Optional[int] = ..., alternative_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    draining: bool
+    def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Union[_common_pb2.ProbabilityMatrix, _Mapping]] = ..., session_len: _Optional[int] = ..., draft_ns: _Optional[int] = ..., batch_rows: _Optional[int] = ..., alternative_token_ids: _Optional[_Iterable[int]] = ..., draining: _Optional[bool] = ...) -> None: ...

@@ -1,4 +1,5 @@
-"""The GPU step benchmark's CPU dry run: every phase on tiny shapes, the report's contents, exact greedy stack."""
+"""The GPU step benchmark's CPU dry run: each phase on tiny shapes, the report's contents, exact greedy stack, a
+budget that stops everything and still leaves the report."""
 
 from __future__ import annotations
 
@@ -12,24 +13,26 @@ from benchmarks import gpu_step
 SERVING_PACKAGES = {"specdec", "coordinator", "draft_service", "verify_service", "opentelemetry", "redis", "dns"}
 
 
-def test_dry_run_times_every_step_and_runs_the_stack(tmp_path, capsys):
-    report = gpu_step.main(["--dry-run", "--out-dir", str(tmp_path), "--work-dir", str(tmp_path / "models")])
+def test_the_steps_phase_times_every_step_of_every_contender(tmp_path, capsys):
+    report = gpu_step.main(["--dry-run", "--out-dir", str(tmp_path)])
     printed = capsys.readouterr().out
-    assert "target_verify batch 16 (project)" in printed and "stack phase" in printed
+    assert "target_verify batch 16 (project)" in printed
 
-    assert json.loads((tmp_path / "gpu_step.json").read_text()) == report
-    assert report["png"] == str(tmp_path / "gpu_step.png")
-    assert (tmp_path / "gpu_step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert report["dry_run"] and report["copy_bandwidth_gb_per_s"] > 0
-    assert set(report["phases_s"]) == {"build", "save", "steps", "stack"}
+    assert json.loads((tmp_path / "gpu_steps.json").read_text()) == report
+    assert report["png"] == str(tmp_path / "gpu_steps.png")
+    assert (tmp_path / "gpu_steps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report["dry_run"] and report["phase"] == "steps" and "cut_short" not in report
+    assert set(report["phases_s"]) == {"build", "steps"}
     for role in ("target", "draft"):
         model = report["models"][role]
         assert model["weight_bytes"] == 4 * model["parameters"] > 0  # float32 on CPU
 
-    steps = report["steps"]
-    assert set(steps) == {"target_plain", "target_verify", "draft_plain"}
-    assert [steps[case]["tokens_per_row"] for case in steps] == [1, 5, 1]
-    for figures in steps.values():
+    steps = report["phases"]["steps"]
+    assert steps["copy_bandwidth_gb_per_s"] > 0 and steps["target_load_s"] > 0
+    cases = ("target_plain", "target_verify", "draft_plain")
+    assert [steps[case]["tokens_per_row"] for case in cases] == [1, 5, 1]
+    for case in cases:
+        figures = steps[case]
         assert figures["bandwidth_bound_ms"] > 0
         for batch in ("1", "4", "16"):
             measured = figures[batch]
@@ -41,7 +44,12 @@ def test_dry_run_times_every_step_and_runs_the_stack(tmp_path, capsys):
             assert "captured no CUDA graphs" in measured["project_step_cuda_graphs"]["error"]
     assert steps["target_plain"]["bandwidth_bound_ms"] > steps["draft_plain"]["bandwidth_bound_ms"]
 
-    stack = report["stack"]
+
+def test_the_stack_phase_runs_as_its_own_call_and_decodes_greedily_as_plain(tmp_path):
+    report = gpu_step.main(["--dry-run", "--phase", "stack", "--out-dir", str(tmp_path), "--work-dir", str(tmp_path)])
+    assert json.loads((tmp_path / "gpu_stack.json").read_text()) == report
+    assert set(report["phases_s"]) == {"save", "stack"} and "steps" not in report["phases"]
+    stack = report["phases"]["stack"]
     assert stack["gamma"] == 4 and stack["startup_s"] > 0
     for concurrency, requests in ((1, 2), (16, 16)):
         passes = stack[f"concurrency_{concurrency}"]
@@ -54,19 +62,11 @@ def test_dry_run_times_every_step_and_runs_the_stack(tmp_path, capsys):
         assert all(plain["token_ids"])
 
 
-def test_no_stack_names_why_and_keeps_the_steps(tmp_path):
-    report = gpu_step.main(["--dry-run", "--no-stack", "--out-dir", str(tmp_path)])
-    assert report["stack"] == {"skipped": "--no-stack given"}
-    assert "save" not in report["phases_s"] and report["steps"]["draft_plain"]["1"]["project_step"]["median_ms"] > 0
-
-
-def test_a_spent_budget_skips_phases_by_name_and_still_writes_the_report(tmp_path):
-    report = gpu_step.main(["--dry-run", "--budget-s", "0", "--out-dir", str(tmp_path), "--work-dir", str(tmp_path)])
-    assert json.loads((tmp_path / "gpu_step.json").read_text()) == report
-    for figures in report["steps"].values():
-        assert all(figures[batch] == {"skipped": "time budget spent"} for batch in ("1", "4", "16"))
-        assert figures["bandwidth_bound_ms"] > 0
-    assert report["stack"]["skipped"].startswith("time budget")
+def test_a_spent_budget_stops_the_run_where_it_is_and_still_writes_the_report(tmp_path):
+    report = gpu_step.main(["--dry-run", "--budget-s", "0", "--out-dir", str(tmp_path)])
+    assert json.loads((tmp_path / "gpu_steps.json").read_text()) == report
+    assert report["cut_short"].startswith("budget of 0s spent")
+    assert any(phase.get("error", "").startswith("cut short") for phase in report["phases"].values())
 
 
 def test_loads_as_a_script_from_anywhere_without_the_serving_packages():

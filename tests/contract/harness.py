@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from specdec.local_stack import wait_serving
 from specdec.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, drafter_pb2_grpc, verifier_pb2_grpc
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -200,23 +200,6 @@ class RedisProcess(Process):
                 return connection.recv(64).startswith(b"+PONG")
         except OSError:
             return False
-
-
-def wait_serving(address: str, timeout_s: float) -> None:
-    """Waits until grpc.health.v1 says SERVING for the whole server."""
-    deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while True:
-            try:
-                status = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status
-                if status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{address} is not SERVING after {timeout_s:.0f}s")
-            time.sleep(0.1)
 
 
 def in_parallel(*starts: Callable[[], T]) -> list[T]:

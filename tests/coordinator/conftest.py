@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import grpc
 import pytest
 from certs import Pki, make_pki
-from tiny_models import make_pair
 
 from coordinator.api_keys import add_key
 from coordinator.redis_state import RedisKeys, connect_sync
@@ -83,12 +82,6 @@ class SecureReplicas:
             with grpc.secure_channel(service.address, channel_credentials(self.pki)) as channel:
                 counts.append(stub_type(channel).Info(common_pb2.InfoRequest(), timeout=10).active_sessions)
         return counts[0], counts[1]
-
-
-@pytest.fixture(scope="session")
-def long_pair_dirs(tmp_path_factory):
-    """(target_dir, draft_dir) of a tiny pair whose EOS logit is zeroed: completions run their whole budget."""
-    return make_pair(tmp_path_factory.mktemp("long_pair"), vocab_size=64, noise=0.1, eos_boost=0.0)
 
 
 @pytest.fixture(scope="session")

@@ -53,13 +53,17 @@ def kv_info(stack: LocalStack) -> dict[str, common_pb2.ServiceInfo]:
 def test_a_burst_of_four_times_max_sessions_finishes_exactly_or_is_refused(long_pair_dirs, target):
     """16 requests at once against max_sessions 4 and a budget of 12 blocks of 16 positions per service: what a
     quarter of the burst holds on the verifier at full length (3 blocks each). The drafter's 9 lanes per request
-    need more than that, so drafters refuse or end sessions and those requests finish by plain decoding."""
+    need more than that, so drafters refuse or end sessions and those requests finish by plain decoding; past
+    max_sessions the verifier refuses at once (its KV queue is for sessions it may hold)."""
     target_dir, draft_dir = long_pair_dirs
     budget = str(12 * block_bytes(target.model.config, torch.float32, 16))
-    limits = ["--kv-cache-budget", budget, "--kv-admission-wait-ms", "300", "--max-sessions", str(MAX_SESSIONS)]
+    limits = ["--kv-cache-budget", budget, "--max-sessions", str(MAX_SESSIONS)]
+    draft_limits = [*limits, "--kv-admission-wait-ms", "300"]
     burst = prompts(4 * MAX_SESSIONS, seed=7)
     with (
-        LocalStack(str(target_dir), str(draft_dir), limits, limits, coordinator_args=["--no-adaptive-gamma"]) as stack,
+        LocalStack(
+            str(target_dir), str(draft_dir), draft_limits, limits, coordinator_args=["--no-adaptive-gamma"]
+        ) as stack,
         Client(stack.address, timeout_s=120) as client,
     ):
 

@@ -8,11 +8,11 @@ import asyncio
 import grpc
 import pytest
 import torch
+from served_verifier import served
 
 from specdec.decoding.reference_loop import target_only_generate
 from specdec.engine.model_runtime import LoadedModel, ModelSettings
 from specdec.sampling.rules import SamplingParams
-from specdec.serving.server import start_server
 from specdec.serving.wire import sampling_to_proto
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from verify_service.service import VerifyService
@@ -60,46 +60,36 @@ def test_an_out_of_memory_step_fails_its_calls_and_the_next_request_is_token_ide
     pool = target.kv_pool
 
     async def scenario() -> None:
-        running = await start_server(
-            "127.0.0.1:0",
-            lambda server: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, server),
-            [verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name],
-        )
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-                stub = verifier_pb2_grpc.VerifierStub(channel)
-                assert await decode(stub, "before", PROMPT, 2) == expected[:2]
-                held = pool.blocks.used
-                fail_next_pass_out_of_memory(target)
-                with pytest.raises(grpc.aio.AioRpcError) as refused:
-                    await stub.Verify(
-                        verifier_pb2.VerifyRequest(
-                            session_id="before", base_len=len(PROMPT) + 2, draft_token_ids=expected[2:5]
-                        ),
-                        timeout=30,
-                    )
-                assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-                assert "out of memory" in refused.value.details()
-                assert pool.blocks.used == held, "the failed step grew nothing"
-                # the session that failed goes on from where it was; a new request is served in full
-                reply = await stub.Verify(
+        async with served(servicer) as stub:
+            assert await decode(stub, "before", PROMPT, 2) == expected[:2]
+            held = pool.blocks.used
+            fail_next_pass_out_of_memory(target)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.Verify(
                     verifier_pb2.VerifyRequest(
                         session_id="before", base_len=len(PROMPT) + 2, draft_token_ids=expected[2:5]
                     ),
                     timeout=30,
                 )
-                assert list(reply.accepted_token_ids) + [reply.next_token_id] == expected[2:6]
-                assert await decode(stub, "after", PROMPT, NEW_TOKENS) == expected
-                for session_id in ("before", "after"):
-                    await stub.CloseSession(common_pb2.CloseSessionRequest(session_id=session_id), timeout=30)
-                info = await stub.Info(common_pb2.InfoRequest(), timeout=30)
-                assert (info.active_sessions, info.kv_blocks_used, info.kv_blocks_free) == (
-                    0,
-                    0,
-                    pool.blocks.num_blocks,
-                )
-        finally:
-            await running.stop(0)
-            servicer.close()
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "out of memory" in refused.value.details()
+            assert pool.blocks.used == held, "the failed step grew nothing"
+            # the session that failed goes on from where it was; a new request is served in full
+            reply = await stub.Verify(
+                verifier_pb2.VerifyRequest(
+                    session_id="before", base_len=len(PROMPT) + 2, draft_token_ids=expected[2:5]
+                ),
+                timeout=30,
+            )
+            assert list(reply.accepted_token_ids) + [reply.next_token_id] == expected[2:6]
+            assert await decode(stub, "after", PROMPT, NEW_TOKENS) == expected
+            for session_id in ("before", "after"):
+                await stub.CloseSession(common_pb2.CloseSessionRequest(session_id=session_id), timeout=30)
+            info = await stub.Info(common_pb2.InfoRequest(), timeout=30)
+            assert (info.active_sessions, info.kv_blocks_used, info.kv_blocks_free) == (
+                0,
+                0,
+                pool.blocks.num_blocks,
+            )
 
     asyncio.run(scenario())

@@ -30,7 +30,7 @@ from specdec.sampling.rules import SamplingParams
 from specdec.serving.health_status import LIVENESS
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from verify_service.rank_launchers import LocalLauncher
-from verify_service.service import OPEN, VERIFY, VerifyService
+from verify_service.service import OPEN, VERIFY, Opened, VerifyService
 from verify_service.settings import VerifySettings
 from verify_service.tensor_parallel import TensorParallelLeader
 
@@ -188,8 +188,9 @@ def test_each_step_sends_one_control_message_whatever_its_batch_size(tiny_pair_d
                 assert leader.steps_sent - sent == 1, f"batch {batch}, step {step}: {len(calls)} calls"
                 expected = reference.step_many(calls)
                 for call, got, want in zip(calls, results, expected):
-                    if call[1] == OPEN:  # the step's time in ns
-                        assert isinstance(got, int) and isinstance(want, int), call
+                    if call[1] == OPEN:  # opened, without a first token (the open did not ask for one)
+                        assert isinstance(got, Opened) and isinstance(want, Opened), call
+                        assert got.first is None and want.first is None, call
                         lengths[call[0]] = len(call[2])
                     else:  # (verdict, timing, length): all but the timing
                         assert (got[0], got[2]) == (want[0], want[2]), call

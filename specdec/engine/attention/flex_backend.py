@@ -2,10 +2,11 @@
 paged KV pool (torch.nn.attention.flex_attention), through block masks built from the rows' block tables
 (specdec/engine/attention/flex_layout.py).
 
-On CUDA the call is compiled (torch.compile of flex_attention); elsewhere flex_attention runs eagerly, which
-computes every query against the whole pool: exact, and slow for a large pool (a check of exactness on CPU, not a
-CPU serving path: 16 rows of 5 queries over a pool of 4,096 positions, 4 heads of 64, 1 thread, ~40 ms a layer
-against ~0.5 ms in the CPU kernel and ~2.5 ms through SDPA).
+On CUDA the call is compiled (torch.compile of flex_attention) with the mask's tiles as the kernel's
+(flex_layout.tile_options); elsewhere flex_attention runs eagerly, which computes every query against the whole
+pool: exact, and slow for a large pool (a check of exactness on CPU, not a CPU serving path: 16 rows of 5 queries
+over a pool of 4,096 positions, 4 heads of 64, 1 thread, ~40 ms a layer against ~0.5 ms in the CPU kernel and
+~2.5 ms through SDPA).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
-from specdec.engine.attention.flex_layout import FlexLayout
+from specdec.common.host_copies import to_device
+from specdec.engine.attention.flex_layout import FlexLayout, tile_options
 from specdec.engine.packed_step import AttentionBackend
 
 if TYPE_CHECKING:
@@ -29,9 +31,7 @@ def flex_layout_of(step: PackedStep, device: torch.device) -> FlexLayout:
     tables = [row.blocks for row in step.rows]
     width = max(len(table) for table in tables)
     padded = torch.tensor([table + [-1] * (width - len(table)) for table in tables])  # [R, M]
-    return FlexLayout(
-        row_of.to(device, non_blocking=True), step.positions, padded.to(device, non_blocking=True), step.pool.block_size
-    )
+    return FlexLayout(to_device(row_of, device), step.positions, to_device(padded, device), step.pool.block_size)
 
 
 class FlexBackend(AttentionBackend):
@@ -61,12 +61,14 @@ class FlexBackend(AttentionBackend):
     ) -> torch.Tensor:
         heads, num_blocks, block_size, head_dim = keys.shape
         attend = self.compiled if self.compiled is not None else flex_attention
+        mask = step.plan.block_mask(window, num_blocks)
         attended = attend(
             query,
             keys.view(1, heads, num_blocks * block_size, head_dim),
             values.view(1, heads, num_blocks * block_size, head_dim),
-            block_mask=step.plan.block_mask(window, num_blocks),
+            block_mask=mask,
             scale=scaling,
             enable_gqa=query.shape[1] != heads,
+            kernel_options=tile_options(mask),
         )  # [1, H, T, D]
         return attended[0].transpose(0, 1)  # [T, H, D]

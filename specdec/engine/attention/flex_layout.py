@@ -19,6 +19,27 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask
 
 Q_TILE = 16  # queries per tile of a block mask
+# KV block sizes the compiled kernels take as their key tile: a tile must divide the mask's blocks, and Triton's
+# tiles are powers of two from 16 (its smallest matrix product) to 128 (what a tile of 128-wide heads keeps in
+# shared memory)
+FLEX_BLOCK_SIZES = (16, 32, 64, 128)
+
+
+def flex_block_size_refusal(block_size: int) -> str | None:
+    """Why compiled FlexAttention cannot read a pool of `block_size`-position blocks, or None: it can."""
+    if block_size in FLEX_BLOCK_SIZES:
+        return None
+    return f"compiled FlexAttention takes KV blocks of {', '.join(map(str, FLEX_BLOCK_SIZES))} positions"
+
+
+def tile_options(mask: BlockMask) -> dict[str, int | bool]:
+    """kernel_options whose tiles are the mask's blocks: BLOCK_M queries by BLOCK_N keys, each dividing its block
+    as the compiler requires (its defaults, 128 x 64 on sm90 at head size 128, or the decode kernel's
+    max(next_pow2(T * H / H_kv), 16), do not). The main kernel for every step size, as vLLM runs its paged masks:
+    the decode kernel packs a KV head's query heads into one tile, which a tile of 16 queries holds only for
+    groups of at most 16 heads, and builds its tiles from the step's size."""
+    q_block, kv_block = mask.BLOCK_SIZE
+    return {"BLOCK_M": q_block, "BLOCK_N": kv_block, "FORCE_USE_FLEX_ATTENTION": True}
 
 
 class FlexLayout:

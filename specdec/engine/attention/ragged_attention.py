@@ -16,55 +16,28 @@ cannot be built, or for other devices and dtypes, packed attention uses SDPA.
 from __future__ import annotations
 
 import functools
-import hashlib
-import logging
 import pathlib
-import time
 from collections.abc import Callable
 
 import torch
 
-log = logging.getLogger(__name__)
+from specdec.common.cpu_extensions import avx2_flags, load_cpu_extension
 
 SOURCE = pathlib.Path(__file__).resolve().parent / "csrc" / "ragged_attention.cpp"
 
 AttendRows = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float, torch.Tensor], None]
 
 
-def _build_flags() -> tuple[str, list[str]]:
-    """The extension's name and compiler flags for this CPU: AVX2 + FMA code where torch says the CPU has it."""
-    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
-        return "specdec_paged_attention_avx2", [
-            "-O3",
-            "-mavx2",
-            "-mfma",
-            "-DCPU_CAPABILITY=AVX2",
-            "-DCPU_CAPABILITY_AVX2",
-        ]
-    return "specdec_paged_attention", ["-O3"]
-
-
 @functools.cache
 def load_kernel() -> AttendRows | None:
     """The kernel's `ragged_attention(query [H, T, D], keys [H_kv, N, B, D], values, rows [R, 4], tables [M],
     scale, out [T, H, D])` (keys and values in blocks, read through each row's block table), compiled on first
-    use (~40 s on 2 cores; cached afterwards), or None where it cannot be
-    built (no compiler): callers then use SDPA."""
-    from torch.utils.cpp_extension import load
-
-    name, flags = _build_flags()
-    name += "_" + hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]  # a changed source never meets an old build
-    started = time.perf_counter()
-    log.info("loading the ragged attention kernel %s (compiled on first use, cached afterwards) ...", name)
-    try:
-        module = load(name, [str(SOURCE)], extra_cflags=flags, verbose=False)
-    except Exception as error:  # a missing compiler or ninja: serve with SDPA
-        log.warning(
-            "ragged attention kernel unavailable (%s: %s); packed attention uses SDPA", type(error).__name__, error
-        )
-        return None
-    log.info("ragged attention kernel ready in %.1fs", time.perf_counter() - started)
-    return module.ragged_attention
+    use (~40 s on 2 cores; cached afterwards), or None where it cannot be built (no compiler): callers then use
+    SDPA. AVX2 code also uses FMA."""
+    vector = avx2_flags()
+    flags = ["-O3", *vector[:1], *(["-mfma"] if vector else []), *vector[1:]]  # the order existing builds used
+    module = load_cpu_extension("specdec_paged_attention" + ("_avx2" if vector else ""), SOURCE, flags)
+    return None if module is None else module.ragged_attention
 
 
 def kernel_fits(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:

@@ -16,8 +16,8 @@ Past the allocator's blocks each buffer holds one more, the scratch block, which
 tokens of a step padded to a fixed size (specdec/engine/bucketed_step.py) write there.
 
 The number of blocks comes from the budget (specdec/engine/kv/budget.py). On CUDA the buffers are allocated whole at the
-first write; elsewhere they double from a few blocks up to the budget as blocks are handed out, so a small model
-on CPU holds memory for what it uses.
+first write, which the model makes before serving; elsewhere they double from a few blocks up to the budget as blocks
+are handed out, so a small model on CPU holds memory for what it uses.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ class KVPool:
         self.blocks = BlockAllocator(num_blocks)
         self.keys: list[torch.Tensor | None] = [None] * num_layers  # per layer [H_kv, blocks, B, D]
         self.values: list[torch.Tensor | None] = [None] * num_layers  # per layer [H_kv, blocks, B, D]
+        self.preallocated = preallocate  # buffers made whole at their first write (before serving: model_runtime.py)
         self.allocated_blocks = num_blocks if preallocate else min(num_blocks, _MIN_BLOCKS)  # buffers' block count
         self.lock = threading.RLock()  # one pass, allocation or release at a time
         self.open_sequences = 0

@@ -126,6 +126,14 @@ class KVSession:
         twin.cache = copy.deepcopy(self.cache)  # a SequenceKV (sharing blocks) or a transformers cache
         return twin
 
+    def evict(self) -> None:
+        """Frees the whole cache and keeps the tokens, all pending now: the next forward feeds them again (a session
+        preempted to free KV blocks, specdec/engine/kv/preemption.py). The cache is a new one, so that tensor-parallel
+        ranks drop the old one's blocks with the next step (verify_service/mirrored_model.py)."""
+        self.cache.crop(-self.cached_len)
+        self.cache = self.model.new_cache()
+        self.next_logits = None
+
     def truncate(self, length: int) -> None:
         """Rolls back to the first `length` tokens (a no-op when already that short)."""
         if length < 0:

@@ -36,11 +36,12 @@ def test_help_shows_an_enum_default_by_its_value():
 
 
 def test_both_model_services_take_the_execution_settings_into_their_model_settings():
-    flags = ["--no-cuda-graphs", "--cuda-graph-max-tokens", "64", "--attention-backend", "flex"]
+    flags = ["--no-cuda-graphs", "--cuda-graph-max-tokens", "64", "--attention-backend", "flex", "--no-float32-logits"]
     for service in (DraftSettings, VerifySettings):
-        assert ModelSettings.of(parse_settings(service, [], environ={})).cuda_graphs is True
+        defaults = ModelSettings.of(parse_settings(service, [], environ={}))
+        assert defaults.cuda_graphs is True and defaults.float32_logits is True
         model = ModelSettings.of(parse_settings(service, flags, environ={}))
-        assert (model.cuda_graphs, model.cuda_graph_max_tokens) == (False, 64)
+        assert (model.cuda_graphs, model.cuda_graph_max_tokens, model.float32_logits) == (False, 64, False)
         assert model.attention_backend is AttentionBackendChoice.FLEX
 
 

@@ -78,7 +78,7 @@ def test_a_coupled_draft_keeps_no_q_and_ranks_alternatives_by_the_perturbed_scor
     job = DraftJob(KVSession(draft, [1, 2, 3]), 4, params, 2)
     logits = LOGITS[4]
     (token,) = next_tokens([job], logits[None])
-    scores = coupled_scores(logits_to_probs(logits, params)[None], params.seed, 3)[0]  # position 3: after [1, 2, 3]
+    scores = coupled_scores(logits_to_probs(logits, params)[None], [(params.seed, 3)])[0]  # position 3: after [1, 2, 3]
     ranked = scores.topk(3).indices.tolist()
     assert token == ranked[0] and job.alternatives == [ranked[1:]]
     assert job.result().probs is None

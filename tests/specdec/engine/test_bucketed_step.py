@@ -62,6 +62,8 @@ def test_a_bucketed_step_gives_the_packed_pass_logits_and_writes_padding_to_the_
     pool = flex_target.kv_pool
     inputs = BucketInputs(bucket, pool.blocks_for(flex_target.max_context_tokens), flex_target.device)
     inputs.fill(rows, pool)
+    widest = max(len(table) for _, table, _, _ in rows)
+    assert inputs.table_elements_copied == len(rows) * widest < inputs.tables.numel(), "the step's tables, not M"
     held = {block for _, table, _, _ in rows for block in table}
     before = pool.keys[0].clone()
     with torch.inference_mode(), HostSyncCounter(below_functions=False) as syncs:

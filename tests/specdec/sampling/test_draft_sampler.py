@@ -33,7 +33,7 @@ def one_by_one(logits: torch.Tensor, request: RowRequest) -> tuple[int, torch.Te
     params, width = request.params, min(request.num_alternatives + 1, logits.shape[-1])
     probs = logits_to_probs(logits, params)  # [V]
     if params.coupled:
-        ranking = coupled_scores(probs[None], params.seed, request.position)[0]  # [V]
+        ranking = coupled_scores(probs[None], [(params.seed, request.position)])[0]  # [V]
         token, kept = int(ranking.argmax()), None
     else:
         ranking = logits.double()

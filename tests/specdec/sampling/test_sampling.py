@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from scipy.stats import chisquare, kstest
 
 from specdec.sampling import rules
+from specdec.sampling.coupled_noise import exponential_noise
 from specdec.sampling.rules import (
     NonFiniteLogitsError,
     SamplingParams,
@@ -18,7 +19,6 @@ from specdec.sampling.rules import (
     acceptance_probability,
     coupled_sample,
     coupled_scores,
-    gumbel_noise,
     logits_to_probs,
     plain_token,
     position_generator,
@@ -493,24 +493,6 @@ def test_gamma_3_first_token_matches_p():
 # --- the coupled rule (Gumbel-max coupling) --------------------------------------------------------
 
 
-def test_gumbel_noise_is_a_pure_function_of_seed_and_position():
-    gumbel_noise.cache_clear()
-    base = gumbel_noise(7, 100, 16).clone()
-    gumbel_noise.cache_clear()
-    assert torch.equal(gumbel_noise(7, 100, 16), base)  # drawn again, not only cached
-    assert base.dtype == torch.float64 and base.isfinite().all()
-    assert not torch.equal(gumbel_noise(7, 101, 16), base)
-    assert not torch.equal(gumbel_noise(8, 100, 16), base)
-    state = torch.get_rng_state()
-    gumbel_noise(9, 3, 16)
-    assert torch.equal(torch.get_rng_state(), state)
-
-
-def test_gumbel_noise_is_standard_gumbel():
-    draws = torch.cat([gumbel_noise(5, position, 64) for position in range(200)]).numpy()
-    assert kstest(draws, "gumbel_r").pvalue > MIN_P_VALUE
-
-
 @pytest.mark.usefixtures("no_rng")
 def test_coupled_greedy_is_argmax_and_uses_no_rng():
     greedy = SamplingParams(rule=SamplingRule.COUPLED)
@@ -582,12 +564,15 @@ def test_a_coupled_draft_agrees_with_the_target_far_more_often_than_an_independe
     assert agree / 3000 > float((p * q).sum()) + 0.1
 
 
-def test_coupled_scores_give_row_i_the_noise_of_position_start_plus_i():
+def test_coupled_scores_divide_each_row_by_the_noise_of_its_own_draw():
     p, q = _distribution_pair()
-    rows = coupled_scores(torch.stack([p, q]), COUPLED.seed, 40)  # [2, V]
-    assert torch.equal(rows[1], coupled_scores(q[None], COUPLED.seed, 41)[0])
-    assert torch.equal(rows[0], p.double().log() + gumbel_noise(COUPLED.seed, 40, 8))
-    assert (rows[0][p == 0] == -math.inf).all()
+    rows = coupled_scores(torch.stack([p, q]), [(COUPLED.seed, 40), (COUPLED.seed, 41)])  # [2, V]
+    assert torch.equal(rows[1], coupled_scores(q[None], [(COUPLED.seed, 41)])[0])
+    key = rules._position_key(COUPLED.seed, 40, Stream.GUMBEL)
+    assert torch.equal(rows[0], p / exponential_noise([key], 8, torch.device("cpu"))[0])
+    assert (rows[0][p == 0] == 0).all() and (rows[0][p > 0] > 0).all()
+    with pytest.raises(ValueError, match="a row per draw"):
+        coupled_scores(torch.stack([p, q]), [(COUPLED.seed, 40)])
 
 
 def test_sampling_rule_is_validated():

@@ -9,11 +9,12 @@ import pytest
 
 from specdec.decoding.reference_loop import target_only_generate
 from specdec.sampling.rules import SamplingParams
+from specdec.serving.call_stream import CallStreamServer, StreamedMethod
 from specdec.serving.call_stream_client import CallStreamClient
 from specdec.serving.grpc_errors import ErrorMappingInterceptor
 from specdec.serving.grpc_telemetry import ServerTelemetryInterceptor
-from specdec.serving.wire import sampling_to_proto
-from specdec.v1 import verifier_pb2, verifier_pb2_grpc
+from specdec.serving.wire import call_deadline, sampling_to_proto
+from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from verify_service.service import VerifyService
 from verify_service.servicer import VerifierServicer
 from verify_service.settings import VerifySettings
@@ -96,3 +97,29 @@ def test_errors_come_back_with_the_status_a_unary_call_gets(tiny_pair):
     assert late == grpc.StatusCode.DEADLINE_EXCEEDED
     assert after_late.session_len == len(PROMPT) + 2  # the stream serves on after a call's deadline
     assert ended == grpc.StatusCode.UNAVAILABLE  # a call on a stream that ended
+
+
+class StreamContext:
+    """A call stream's context as grpc.aio gives it to the server: the stream itself set no deadline."""
+
+    def time_remaining(self) -> None:
+        return None
+
+
+def test_a_streamed_call_carries_its_own_deadline_to_the_method():
+    seen: list[float | None] = []
+
+    async def info(request, context):
+        seen.append(call_deadline(context))
+        return common_pb2.ServiceInfo()
+
+    async def scenario() -> float:
+        server = CallStreamServer({"/t/Info": StreamedMethod(common_pb2.InfoRequest, info)})
+        for timeout_s in (0.0, 5.0):
+            call = common_pb2.StreamedCall(call_id=1, method="/t/Info", timeout_s=timeout_s)
+            assert (await server.reply(call, StreamContext())).status_code == 0
+        return asyncio.get_running_loop().time()
+
+    after = asyncio.run(scenario())
+    assert seen[0] is None  # no timeout: no deadline, as a unary call without one
+    assert 0 < seen[1] - after <= 5.0  # the wait for KV blocks of an open ends before it, as for a unary call

@@ -9,15 +9,19 @@ import torch
 import torch.nn.functional as F
 
 import specdec.engine.attention.flex_backend
+from specdec.common.settings import parse_settings
 from specdec.engine.attention.flex_backend import FlexBackend
+from specdec.engine.attention.flex_layout import FLEX_BLOCK_SIZES, Q_TILE
 from specdec.engine.attention.kernel_backend import KernelBackend
 from specdec.engine.attention.ragged_attention import load_kernel
 from specdec.engine.attention.sdpa_backend import SdpaBackend
 from specdec.engine.attention.selection import AttentionBackendChoice, choose_attention_backend
+from specdec.engine.cuda_graph_steps import CudaGraphSteps
 from specdec.engine.kv.pool import KVPool
 from specdec.engine.kv.session import KVSession, run_forwards
 from specdec.engine.model_runtime import LoadedModel, ModelSettings
 from specdec.engine.packed_step import PackedRow, PackedStep
+from verify_service.settings import VerifySettings
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 4, 2, 16, 4
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -133,3 +137,46 @@ def test_auto_chooses_the_kernel_on_cpu_float32_flex_on_cuda_and_sdpa_otherwise(
     assert choose_attention_backend(AttentionBackendChoice.SDPA, cuda, torch.bfloat16, 128)[0].name == "sdpa"
     with pytest.raises(ValueError, match="kernel serves CPU float32"):
         choose_attention_backend(AttentionBackendChoice.KERNEL, cpu, torch.bfloat16, 64)
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_every_flex_call_asks_the_kernel_for_the_tiles_of_its_mask(tiny_pair_dirs, monkeypatch, block_size):
+    """Packed passes (a prefill, a verify block beside a decode step) and a bucketed step: every flex_attention call
+    passes kernel_options whose BLOCK_M x BLOCK_N are its block mask's query tile x KV block, and takes the main
+    kernel (the compiler's default tiles do not divide those blocks, and the decode kernel would make its own)."""
+    settings = ModelSettings(
+        str(tiny_pair_dirs[0]), attention_backend=AttentionBackendChoice.FLEX, kv_block_size=block_size
+    )
+    target = LoadedModel.load(settings)
+    seen = []
+    attend = specdec.engine.attention.flex_backend.flex_attention
+
+    def checked(*args, block_mask, kernel_options, **kwargs):
+        seen.append((block_mask.BLOCK_SIZE, kernel_options))
+        return attend(*args, block_mask=block_mask, kernel_options=kernel_options, **kwargs)
+
+    monkeypatch.setattr(specdec.engine.attention.flex_backend, "flex_attention", checked)
+    sessions = [KVSession(target, [5] * 40), KVSession(target, [7] * 3)]
+    run_forwards([s.plan_prefill() for s in sessions])
+    run_forwards([sessions[0].plan_extend([9, 4, 2, 8, 1]), sessions[1].plan_extend([6])])
+    steps = CudaGraphSteps(target.model, target.kv_pool, target.attention_backend, 8, target.max_context_tokens)
+    steps.capture(cuda_graphs=False)  # every bucket's step, eagerly from its buffers
+    assert len(seen) == (2 + len(steps.buckets)) * target.model.config.num_hidden_layers  # a call per pass and layer
+    for tiles, options in seen:
+        assert tiles == (Q_TILE, block_size)
+        assert (options["BLOCK_M"], options["BLOCK_N"]) == tiles and options["FORCE_USE_FLEX_ATTENTION"]
+
+
+def test_only_block_sizes_the_compiled_kernels_take_are_accepted_for_flex_on_cuda(tiny_pair_dirs):
+    model = str(tiny_pair_dirs[0])
+    for block_size in FLEX_BLOCK_SIZES:
+        ModelSettings(model, device="cuda:0", kv_block_size=block_size)  # auto is flex on CUDA
+    for choice in (AttentionBackendChoice.AUTO, AttentionBackendChoice.FLEX):
+        with pytest.raises(ValueError, match=r"kv_block_size 24: .*16, 32, 64, 128.*\(--kv-block-size\)"):
+            ModelSettings(model, device="cuda:0", attention_backend=choice, kv_block_size=24)
+    with pytest.raises(ValueError, match="--kv-block-size"):
+        ModelSettings.of(parse_settings(VerifySettings, ["--device", "cuda:1", "--kv-block-size", "8"]))
+    ModelSettings(model, device="cuda:0", attention_backend=AttentionBackendChoice.SDPA, kv_block_size=24)
+    ModelSettings(model, attention_backend=AttentionBackendChoice.FLEX, kv_block_size=8)  # eager on CPU: any size
+    with pytest.raises(ValueError, match="kv_block_size must be >= 1"):
+        ModelSettings(model, kv_block_size=0)
