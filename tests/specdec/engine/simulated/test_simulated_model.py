@@ -4,7 +4,6 @@ pair is exact."""
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import pytest
@@ -24,8 +23,9 @@ TIME_TOLERANCE = 0.10
 PASSES = {"decode": (1, 1, 200, 1), "verify block": (1, 5, 200, 5), "16 rows": (16, 5, 300, 5)}
 
 
-def wall_time_of_passes(model, rows: int, tokens: int, cached: int, kept: int, repeats: int = 7) -> float:
-    """Median wall time of `repeats` passes over `rows` rows, each rolled back after."""
+def wall_time_of_passes(model, rows: int, tokens: int, cached: int, kept: int, repeats: int = 9) -> float:
+    """The shortest wall time of `repeats` passes over `rows` rows, each rolled back after: a busy machine only ever
+    adds host time to a pass, so the least disturbed one shows what the twin waits."""
     sessions = [KVSession(model, [7] * cached) for _ in range(rows)]
     for session in sessions:
         session.prefill()
@@ -37,7 +37,7 @@ def wall_time_of_passes(model, rows: int, tokens: int, cached: int, kept: int, r
         times.append(time.perf_counter() - started)
         for session in sessions:
             session.cache.crop(-tokens)
-    return statistics.median(times)
+    return min(times)
 
 
 @pytest.mark.parametrize("profile", ["llama70b-tp4-h100", "llama8b-h100"])
