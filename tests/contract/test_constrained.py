@@ -26,6 +26,7 @@ from specdec.v1 import common_pb2, coordinator_pb2
 
 MODEL, NGRAM = common_pb2.DRAFT_METHOD_MODEL, common_pb2.DRAFT_METHOD_NGRAM
 EOS_FINISH = coordinator_pb2.FINISH_REASON_EOS
+LENGTH_FINISH = coordinator_pb2.FINISH_REASON_LENGTH
 SCHEMAS = [
     {
         "type": "object",
@@ -130,7 +131,16 @@ def finished_json(reply, tokenizer) -> object:
     return json.loads(tokenizer.decode(list(reply.token_ids), skip_special_tokens=True))
 
 
-def test_schema_requests_parse_and_validate(shared_stack, target):
+def compiled_schema(grammar_compiler, schema: dict) -> xgrammar.CompiledGrammar:
+    """The schema compiled as the server compiles it: a length-bounded string refuses control characters, as JSON
+    does."""
+    grammar = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, separators=(", ", ": "))
+    return grammar_compiler.compile_grammar(str(grammar).replace(r"[^\"\\\r\n]", r"[^\0-\x1f\"\\\r\n]"))
+
+
+def test_schema_requests_parse_and_validate(shared_stack, target, grammar_compiler):
+    """Every finished output parses and validates; a sampled one that drew, say, an endless number and ran out of
+    tokens is a prefix the schema's grammar accepts. Most of them finish."""
     tokenizer = target[1]
     cases = []
     for index in range(100):
@@ -146,8 +156,15 @@ def test_schema_requests_parse_and_validate(shared_stack, target):
 
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         replies = list(pool.map(run, cases))
-    for reply, schema in replies:
+    finished = [(reply, schema) for reply, schema in replies if reply.finish_reason == EOS_FINISH]
+    for reply, schema in finished:
         jsonschema.validate(finished_json(reply, tokenizer), schema)
+    for reply, schema in replies:
+        if reply.finish_reason != EOS_FINISH:
+            assert reply.finish_reason == LENGTH_FINISH, reply
+            matcher = xgrammar.GrammarMatcher(compiled_schema(grammar_compiler, schema))
+            assert all(matcher.accept_token(token) for token in reply.token_ids), reply.text
+    assert len(finished) >= 90, [reply.text for reply, _ in replies if reply.finish_reason != EOS_FINISH]
 
 
 GREEDY_CASES = [
@@ -165,9 +182,7 @@ def greedy_case(kind: str, grammar_compiler):
     if kind == "regex":
         return common_pb2.Constraint(regex=REGEX), grammar_compiler.compile_regex(REGEX), {}
     schema = SCHEMAS[int(kind[-1])] if kind.startswith("schema") else SCHEMAS[1]
-    grammar = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, separators=(", ", ": "))
-    # As the server does: a length-bounded string refuses control characters, as JSON does.
-    compiled = grammar_compiler.compile_grammar(str(grammar).replace(r"[^\"\\\r\n]", r"[^\0-\x1f\"\\\r\n]"))
+    compiled = compiled_schema(grammar_compiler, schema)
     penalties = dict(repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.3) if kind == "penalties" else {}
     return schema_constraint(schema), compiled, penalties
 
