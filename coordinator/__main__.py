@@ -14,7 +14,7 @@ from transformers import AutoTokenizer, GenerationConfig
 from coordinator.background_tasks import BackgroundTasks
 from coordinator.certificate_watch import follow_replica_certificates
 from coordinator.network_delay import network_delay_interceptors
-from coordinator.openai_api.app import FrontConfig, build_app
+from coordinator.openai_api.app import start_front
 from coordinator.openai_api.backends import InProcessBackend
 from coordinator.openai_api.server import HttpServer
 from coordinator.replica_discovery import ReplicaDiscovery
@@ -153,15 +153,7 @@ def follow_verify_health(running: RunningServer, verify_pool: ReplicaPool) -> No
 
 async def start_http_front(servicer: CoordinatorServicer, settings: CoordinatorSettings) -> HttpServer:
     """The OpenAI-compatible HTTP API in this process, on the servicer itself: no hop between the two fronts."""
-    config = FrontConfig(
-        settings.model_names(settings.tokenizer),
-        servicer.tokenizer,
-        settings.default_max_tokens,
-        settings.http_request_timeout_s,
-    )
-    http = await HttpServer(
-        build_app(InProcessBackend(servicer), config), settings.http_address, settings, settings.grace_s
-    ).start()
+    http, config = await start_front(InProcessBackend(servicer), servicer.tokenizer, settings, settings.http_address)
     log.info("OpenAI-compatible HTTP API on port %d, model %r", http.port, config.model_names[0])
     return http
 

@@ -17,9 +17,8 @@ import grpc
 import uvloop
 from transformers import AutoTokenizer
 
-from coordinator.openai_api.app import FrontConfig, build_app
+from coordinator.openai_api.app import start_front
 from coordinator.openai_api.backends import GrpcBackend
-from coordinator.openai_api.server import HttpServer
 from coordinator.openai_api.settings import HttpApiSettings
 from specdec.common.settings import parse_settings, setting
 from specdec.engine.cpu_affinity import CpuAffinitySettings, pin_cpus
@@ -55,15 +54,8 @@ async def serve(settings: FrontSettings) -> None:
         else grpc.aio.insecure_channel(settings.coordinator, options=channel_options())
     )
     await asyncio.wait_for(channel.channel_ready(), settings.startup_timeout_s)
-    config = FrontConfig(
-        settings.model_names(settings.tokenizer),
-        AutoTokenizer.from_pretrained(settings.tokenizer),
-        settings.default_max_tokens,
-        settings.http_request_timeout_s,
-    )
-    http = await HttpServer(
-        build_app(GrpcBackend(channel), config), settings.address, settings, settings.grace_s
-    ).start()
+    tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer)
+    http, config = await start_front(GrpcBackend(channel), tokenizer, settings, settings.address)
     log.info("OpenAI-compatible HTTP API for %s, model %r", settings.coordinator, config.model_names[0])
     print(f"http front listening on port {http.port}", flush=True)
     stop = asyncio.Event()

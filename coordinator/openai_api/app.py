@@ -22,6 +22,7 @@ from transformers import PreTrainedTokenizerBase
 from coordinator.openai_api.errors import FrontError
 from coordinator.openai_api.protocol import ChatCompletionRequest, CompletionRequest
 from coordinator.openai_api.responses import Completion
+from coordinator.openai_api.server import HttpServer
 from coordinator.openai_api.translate import chat_params, chat_request, completion_params, completion_request
 from coordinator.servicer import add_chunk
 from specdec.common.errors import InvalidFieldError
@@ -142,3 +143,18 @@ async def _events(
     except FrontError as error:
         yield _event(error.named(renamed).event())
     yield "data: [DONE]\n\n"
+
+
+async def start_front(
+    backend, tokenizer: PreTrainedTokenizerBase, settings, address: str
+) -> tuple[HttpServer, FrontConfig]:
+    """The front on `backend`, started at `address`: `settings` holds the HTTP API's settings, its TLS files,
+    `tokenizer` (the name models are served by) and `grace_s`; the coordinator's and the front process's both do."""
+    config = FrontConfig(
+        settings.model_names(settings.tokenizer),
+        tokenizer,
+        settings.default_max_tokens,
+        settings.http_request_timeout_s,
+    )
+    http = await HttpServer(build_app(backend, config), address, settings, settings.grace_s).start()
+    return http, config
