@@ -21,6 +21,7 @@ from coordinator.speculation_policy import (
     choose_gamma,
     fresh_draft_pays,
     log2_level,
+    predraft_steps,
     round_ns,
     speculation_gain,
 )
@@ -94,13 +95,22 @@ class BlockSizer:
             return 0
         return max(0, min(self.state.plan.lookup_tokens, self.state.remaining - tokens_before - size - 2))
 
-    def guesses_that_fit(self, guesses: int, gamma: int, verified_tokens: int) -> int:
-        """How many of `guesses` pre-drafts of a γ block fit inside the verification of a block of verified_tokens
-        (all of them without adaptive γ, or while a replica's costs are unknown)."""
+    def predraft_steps(self, gamma: int, verified_tokens: int) -> int:
+        """How many draft passes a pre-draft of a γ block makes (the bonus guess of "all accepted" is one of
+        them) while a block of verified_tokens is verified: γ + 1, or with adaptive γ only as many as end within
+        the verification (coordinator/speculation_policy.py)."""
+        verify_load, draft_load = self.sessions.verify.load, self.sessions.draft.load
+        if self.acceptance is None or verify_load is None or draft_load is None:
+            return gamma + 1
+        return predraft_steps(gamma + 1, verify_load.rows * verified_tokens, verify_load, draft_load)
+
+    def guesses_that_fit(self, guesses: int, steps: int, verified_tokens: int) -> int:
+        """How many of `guesses` pre-drafts of `steps` draft passes fit inside the verification of a block of
+        verified_tokens (all of them without adaptive γ, or while a replica's costs are unknown)."""
         verify_load, draft_load = self.sessions.verify.load, self.sessions.draft.load
         if self.acceptance is None or verify_load is None or draft_load is None:
             return guesses
-        return affordable_guesses(guesses, gamma + 1, verify_load.rows * verified_tokens, verify_load, draft_load)
+        return affordable_guesses(guesses, steps, verify_load.rows * verified_tokens, verify_load, draft_load)
 
     def fresh_draft_pays(self, gamma: int) -> bool:
         """Whether a verdict that no pre-draft guessed should be followed by a block drafted afresh (else by a

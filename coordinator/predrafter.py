@@ -56,14 +56,18 @@ class Predrafter:
             return self._chain_plain_step(block, round_span)
         candidates = guesses(block.token_ids, block.alternatives, plan.ranked_alternatives)
         ranked = state.verdicts.rank(candidates)[: len(state.lanes)]
-        ranked = ranked[: self.sizing.guesses_that_fit(len(ranked), gamma, len(block.token_ids) + 1)]
+        verified_tokens = len(block.token_ids) + 1
+        steps = self.sizing.predraft_steps(gamma, verified_tokens)
+        ranked = ranked[: self.sizing.guesses_that_fit(len(ranked), steps, verified_tokens)]
         calls: list[tuple[Guess, LaneCall]] = []
         for guess, lane in assign_lanes(ranked, state.lanes, block.lane):
-            size = self.sizing.block_size(guess.accepted + 1, gamma)
+            # "all accepted" spends one of the passes on its bonus guess
+            size = min(self.sizing.block_size(guess.accepted + 1, gamma), steps - (guess.next_token is None))
             if size <= 0:
                 continue
             num_tokens = size + 1 if guess.next_token is None else size  # + the drafter's own bonus guess
-            lookup = self.sizing.lookup_size(guess.accepted + 1, size)
+            # lookup tokens cost one more pass: only where it still fits inside the verification
+            lookup = self.sizing.lookup_size(guess.accepted + 1, size) if num_tokens < steps else 0
             sequence = guess.sequence(state.committed, block.token_ids)
             calls.append((guess, LaneCall(lane, sequence, num_tokens, lookup)))
         if not calls:

@@ -245,6 +245,17 @@ def fresh_draft_pays(
     return expected_tokens(alpha, gamma) / max(fresh_ns, 1.0) > 1.0 / max(plain_ns, 1.0)
 
 
+def predraft_steps(max_steps: int, verify_tokens: float, verify: PassLoad, draft: PassLoad) -> int:
+    """How many batched draft passes a pre-draft makes (at least 1, at most max_steps): the most that are expected
+    to end within the verify call they overlap (a pass feeding verify_tokens tokens), one row per guess besides
+    the drafter's other sessions. A pre-draft that outlasts its verification delays the next round by the
+    difference even when it guessed the verdict, so the block it hands over is as long as fits, not longer."""
+    verify_ns = verify.cost.predict_ns(verify_tokens) + verify.call_overhead_ns
+    pass_ns = draft.cost.predict_ns(max(draft.rows, 1.0))
+    fitting = int((verify_ns - draft.call_overhead_ns) // max(pass_ns, 1.0))
+    return max(1, min(max_steps, fitting))
+
+
 def affordable_guesses(
     max_guesses: int, draft_steps: int, verify_tokens: float, verify: PassLoad, draft: PassLoad
 ) -> int:

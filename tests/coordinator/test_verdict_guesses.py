@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from coordinator.draft_lanes import DraftLane
-from coordinator.speculation_policy import PassLoad, affordable_guesses
+from coordinator.speculation_policy import PassLoad, affordable_guesses, predraft_steps
 from coordinator.verdict_guesses import Guess, VerdictHistory, assign_lanes, guesses
 from specdec.engine.step_cost import StepCost
 
@@ -55,6 +55,16 @@ def test_guesses_are_limited_to_what_the_drafter_finishes_within_the_verificatio
     busy_draft = _load(6, 0.25, 40)  # the drafter's batch is already 40 rows: 80 ms for 5 passes
     assert affordable_guesses(9, 5, 5, verify, busy_draft) == 1
     assert affordable_guesses(9, 5, 5 * 16, _load(40, 1.25, 16), busy_draft) == 9  # a busy verifier hides them
+
+
+def test_a_predraft_makes_only_the_passes_that_end_within_the_verification():
+    verify = _load(14, 0.01, 1)  # an accelerator's weight-bound target: ~14 ms however many tokens
+    draft = _load(3.6, 0.01, 1)  # a draft step a quarter of it
+    assert predraft_steps(5, 5, verify, draft) == 3  # 4 passes (14.5 ms) would outlast the verification
+    assert predraft_steps(2, 5, verify, draft) == 2  # never more than the block asks for
+    assert predraft_steps(5, 5, verify, _load(30, 0.1, 1)) == 1  # at least one pass, however slow
+    cpu_verify = _load(40, 1.25, 1)  # a CPU's target, where a draft step is a tenth of a verification
+    assert predraft_steps(5, 5, cpu_verify, _load(4, 0.25, 1)) == 5
 
 
 def test_verdicts_rank_the_guesses_they_matched_first_and_keep_the_fixed_order_between_equals():
