@@ -88,6 +88,10 @@ class BlockSizer:
         """The size of a γ block that starts after tokens_before more commits: never draft past the budget."""
         return max(0, min(gamma, self.state.remaining - tokens_before - 1))
 
+    def lookup_pass(self) -> int:
+        """Draft passes a block spends on lookup tokens when it takes them: 1 for greedy requests that do, else 0."""
+        return int(self.state.plan.lookup_tokens > 0 and self.state.plan.params.greedy)
+
     def lookup_size(self, tokens_before: int, size: int) -> int:
         """Lookup tokens a block of `size` drafted tokens after tokens_before more commits may try (greedy only):
         the block may grow by that + 1 (the draft's own next token), never past the budget."""
@@ -95,14 +99,14 @@ class BlockSizer:
             return 0
         return max(0, min(self.state.plan.lookup_tokens, self.state.remaining - tokens_before - size - 2))
 
-    def predraft_steps(self, gamma: int, verified_tokens: int) -> int:
-        """How many draft passes a pre-draft of a γ block makes (the bonus guess of "all accepted" is one of
-        them) while a block of verified_tokens is verified: γ + 1, or with adaptive γ only as many as end within
-        the verification (coordinator/speculation_policy.py)."""
+    def predraft_steps(self, max_steps: int, verified_tokens: int, own_rows: int) -> int:
+        """How many draft passes a pre-draft makes, at most max_steps, while a block of verified_tokens is verified:
+        max_steps, or with adaptive γ only as many as end within the verification (coordinator/speculation_policy.py);
+        own_rows: the lanes this request's last pre-draft fed, part of the drafter's measured batch."""
         verify_load, draft_load = self.sessions.verify.load, self.sessions.draft.load
         if self.acceptance is None or verify_load is None or draft_load is None:
-            return gamma + 1
-        return predraft_steps(gamma + 1, verify_load.rows * verified_tokens, verify_load, draft_load)
+            return max_steps
+        return predraft_steps(max_steps, verify_load.rows * verified_tokens, verify_load, draft_load, own_rows)
 
     def guesses_that_fit(self, guesses: int, steps: int, verified_tokens: int) -> int:
         """How many of `guesses` pre-drafts of `steps` draft passes fit inside the verification of a block of

@@ -43,6 +43,7 @@ class Predrafter:
         self.sessions = sessions
         self.calls = calls
         self.sizing = sizing
+        self._last_lanes = 0  # rows the last pre-draft fed the drafter
 
     def start(self, block: DraftBlock, round_span: Context) -> Predraft | None:
         """Drafts the next block under guessed verdicts of `block`, one lane each, while it is verified. A plain
@@ -57,7 +58,8 @@ class Predrafter:
         candidates = guesses(block.token_ids, block.alternatives, plan.ranked_alternatives)
         ranked = state.verdicts.rank(candidates)[: len(state.lanes)]
         verified_tokens = len(block.token_ids) + 1
-        steps = self.sizing.predraft_steps(gamma, verified_tokens)
+        max_steps = gamma + 1 + self.sizing.lookup_pass()  # + the bonus guess of "all accepted"
+        steps = self.sizing.predraft_steps(max_steps, verified_tokens, self._last_lanes)
         ranked = ranked[: self.sizing.guesses_that_fit(len(ranked), steps, verified_tokens)]
         calls: list[tuple[Guess, LaneCall]] = []
         for guess, lane in assign_lanes(ranked, state.lanes, block.lane):
@@ -66,10 +68,11 @@ class Predrafter:
             if size <= 0:
                 continue
             num_tokens = size + 1 if guess.next_token is None else size  # + the drafter's own bonus guess
-            # lookup tokens cost one more pass: only where it still fits inside the verification
+            # lookup tokens cost one more pass: only where it still fits
             lookup = self.sizing.lookup_size(guess.accepted + 1, size) if num_tokens < steps else 0
             sequence = guess.sequence(state.committed, block.token_ids)
             calls.append((guess, LaneCall(lane, sequence, num_tokens, lookup)))
+        self._last_lanes = len(calls)
         if not calls:
             return None
         state.stats.predraft_attempts += 1

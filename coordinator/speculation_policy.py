@@ -245,13 +245,16 @@ def fresh_draft_pays(
     return expected_tokens(alpha, gamma) / max(fresh_ns, 1.0) > 1.0 / max(plain_ns, 1.0)
 
 
-def predraft_steps(max_steps: int, verify_tokens: float, verify: PassLoad, draft: PassLoad) -> int:
+def predraft_steps(
+    max_steps: int, verify_tokens: float, verify: PassLoad, draft: PassLoad, own_rows: float = 0.0
+) -> int:
     """How many batched draft passes a pre-draft makes (at least 1, at most max_steps): the most that are expected
-    to end within the verify call they overlap (a pass feeding verify_tokens tokens), one row per guess besides
-    the drafter's other sessions. A pre-draft that outlasts its verification delays the next round by the
-    difference even when it guessed the verdict, so the block it hands over is as long as fits, not longer."""
+    to end within the verify call they overlap (a pass feeding verify_tokens tokens), with a row of its own besides
+    the drafter's other sessions (its batch less own_rows, the rows this request's last pre-draft fed). A
+    pre-draft that outlasts its verification delays the next round by the difference even when it guessed the
+    verdict, so the blocks it hands over are as long as fits, not longer."""
     verify_ns = verify.cost.predict_ns(verify_tokens) + verify.call_overhead_ns
-    pass_ns = draft.cost.predict_ns(max(draft.rows, 1.0))
+    pass_ns = draft.cost.predict_ns(max(draft.rows - own_rows, 0.0) + 1.0)
     fitting = int((verify_ns - draft.call_overhead_ns) // max(pass_ns, 1.0))
     return max(1, min(max_steps, fitting))
 

@@ -64,7 +64,9 @@ def test_a_predraft_makes_only_the_passes_that_end_within_the_verification():
     assert predraft_steps(2, 5, verify, draft) == 2  # never more than the block asks for
     assert predraft_steps(5, 5, verify, _load(30, 0.1, 1)) == 1  # at least one pass, however slow
     cpu_verify = _load(40, 1.25, 1)  # a CPU's target, where a draft step is a tenth of a verification
-    assert predraft_steps(5, 5, cpu_verify, _load(4, 0.25, 1)) == 5
+    cpu_draft = _load(4, 1.0, 9)  # each row costs: the drafter fed 9 rows a pass, this request's last 9 lanes
+    assert predraft_steps(6, 5, cpu_verify, cpu_draft, own_rows=9) == 6  # depth as fits with one row
+    assert predraft_steps(6, 5, cpu_verify, cpu_draft) == 3  # 9 other sessions' rows leave room for 3 passes
 
 
 def test_verdicts_rank_the_guesses_they_matched_first_and_keep_the_fixed_order_between_equals():
