@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import time
 
+from coordinator.draft_lanes import DraftLane
 from coordinator.generation_state import GenerationState
 from coordinator.replica_sessions import ReplicaSessions
+from coordinator.round_blocks import LaneCall
 from coordinator.speculation_gate import CONTESTED_GAIN, CONTESTED_ROWS, SpeculationGate
 from coordinator.speculation_policy import (
     AcceptanceRate,
@@ -107,6 +109,17 @@ class BlockSizer:
         if self.acceptance is None or verify_load is None or draft_load is None:
             return max_steps
         return predraft_steps(max_steps, verify_load.rows * verified_tokens, verify_load, draft_load, own_rows)
+
+    def lane_call(
+        self, lane: DraftLane, sequence: list[int], tokens_before: int, size: int, bonus: bool, with_lookup: bool = True
+    ) -> LaneCall:
+        """The call drafting a block of `size` tokens on `lane` after tokens_before more commits (first the bonus
+        guess when `bonus`): its lookup tokens (greedy, unless not with_lookup), and the tokens its constraint forces
+        that it may hold with no pass, as many as the budget and the largest γ leave."""
+        lookup = self.lookup_size(tokens_before, size) if with_lookup else 0
+        grown = size + (lookup + 1 if lookup else 0)
+        room = min(self.state.plan.forced_tokens - grown + size, self.state.remaining - tokens_before - grown - 1)
+        return LaneCall(lane, sequence, size + 1 if bonus else size, lookup, max(0, room) if size else 0)
 
     def guesses_that_fit(self, guesses: int, steps: int, verified_tokens: int) -> int:
         """How many of `guesses` pre-drafts of `steps` draft passes fit inside the verification of a block of

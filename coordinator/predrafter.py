@@ -63,15 +63,13 @@ class Predrafter:
         ranked = ranked[: self.sizing.guesses_that_fit(len(ranked), steps, verified_tokens)]
         calls: list[tuple[Guess, LaneCall]] = []
         for guess, lane in assign_lanes(ranked, state.lanes, block.lane):
-            # "all accepted" spends one of the passes on its bonus guess
-            size = min(self.sizing.block_size(guess.accepted + 1, gamma), steps - (guess.next_token is None))
+            bonus = guess.next_token is None  # "all accepted" spends a pass on its bonus guess first
+            size = min(self.sizing.block_size(guess.accepted + 1, gamma), steps - bonus)
             if size <= 0:
                 continue
-            num_tokens = size + 1 if guess.next_token is None else size  # + the drafter's own bonus guess
-            # lookup tokens cost one more pass: only where it still fits
-            lookup = self.sizing.lookup_size(guess.accepted + 1, size) if num_tokens < steps else 0
             sequence = guess.sequence(state.committed, block.token_ids)
-            calls.append((guess, LaneCall(lane, sequence, num_tokens, lookup)))
+            with_lookup = size + bonus < steps  # lookup tokens cost one more pass: only where it still fits
+            calls.append((guess, self.sizing.lane_call(lane, sequence, guess.accepted + 1, size, bonus, with_lookup)))
         self._last_lanes = len(calls)
         if not calls:
             return None
