@@ -57,6 +57,7 @@ class ReplicaSessions:
         self.state = state
         self.draft = draft if state.plan.gamma > 0 else None  # None once the drafter failed: plain decoding
         self.draft_holding_session = self.draft  # still closed at the end if the drafter fails mid-request
+        self._draft_opening = False  # whether its open was sent (after the first token): only then is it closed
         self.verify = verify
         self.timeout = call_timeout_s
         self.on_draft_unavailable = on_draft_unavailable  # e.g. take the replica out of placement
@@ -76,10 +77,10 @@ class ReplicaSessions:
         self._verify_opened: verifier_pb2.OpenVerifySessionResponse | None = None  # the last verify open's answer
 
     async def open(self) -> verifier_pb2.OpenVerifySessionResponse:
-        """Opens the session on both replicas (prefilling the prompt), the drafter's only if speculating; returns the
-        verifier's answer, with the first token it drew from its prefill (as plain decoding's first step draws it), as
-        soon as the verifier answers: the client sees it without waiting for the drafter, whose open `drafter_opened`
-        awaits. A verify replica that is gone or drains passes the session to another one, which draws the token."""
+        """Opens the verify session (prefilling the prompt) and returns its answer, with the first token it drew from
+        its prefill (as plain decoding's first step draws it). The drafter's session opens after that token is out
+        (`drafter_opened`): the client sees the first token without waiting for a draft, nor sharing a host with one.
+        A verify replica that is gone or drains passes the session to another one, which draws the token."""
         state, plan = self.state, self.state.plan
         started = time.perf_counter_ns()
         # the first round follows the first token at once when it is plain; a speculative one drafts first
@@ -88,12 +89,7 @@ class ReplicaSessions:
         )
         with state.telemetry.stage("open_sessions") as parent:
             verify_open = asyncio.ensure_future(self._open_verify(parent))
-            opens = [verify_open]
-            if self.draft is not None:
-                opens.append(
-                    asyncio.ensure_future(self.without_draft_on_failure(self._open(self.draft, "draft", parent)))
-                )
-            self._opens = asyncio.gather(*opens, return_exceptions=True)
+            self._opens = asyncio.gather(verify_open, return_exceptions=True)
             try:
                 reply = await asyncio.shield(verify_open)
             except BaseException:  # failed or cancelled: no close may overtake an open still in flight
@@ -106,11 +102,19 @@ class ReplicaSessions:
         return reply
 
     async def drafter_opened(self) -> None:
-        """Waits for the drafter's open (a drafter that failed it has turned the request plain); raises what the
-        request itself got wrong there."""
-        for outcome in await _settled(self._opens) if self._opens is not None else []:
-            if isinstance(outcome, BaseException):
-                raise outcome
+        """Opens the draft session on every committed token (the first one included) when speculating, and waits for
+        it (a drafter that fails it turns the request plain); raises what the request itself got wrong there."""
+        if self.draft is None:
+            return
+        committed = self.state.committed
+        self.state.lanes[:] = [DraftLane(lane.index, list(committed), len(committed)) for lane in self.state.lanes]
+        self._draft_opening = True
+        with self.state.telemetry.stage("open_draft_session") as parent:
+            draft_open = asyncio.ensure_future(self.without_draft_on_failure(self._open(self.draft, "draft", parent)))
+            self._opens = asyncio.gather(self._opens, draft_open, return_exceptions=True)
+            [_, outcome] = await _settled(self._opens)
+        if isinstance(outcome, BaseException):
+            raise outcome
 
     async def _open_verify(self, parent: Context) -> verifier_pb2.OpenVerifySessionResponse:
         try:
@@ -167,7 +171,12 @@ class ReplicaSessions:
         telemetry = self.state.telemetry
         request = common_pb2.CloseSessionRequest(session_id=self.state.plan.request_id)
         replicas = [
-            (r, lane) for r, lane in ((self.verify, "verify"), (self.draft_holding_session, "draft")) if r is not None
+            (r, lane)
+            for r, lane in (
+                (self.verify, "verify"),
+                (self.draft_holding_session if self._draft_opening else None, "draft"),
+            )
+            if r is not None
         ]
 
         async def close(replica: Replica, lane: str, parent: Context) -> None:

@@ -2,7 +2,8 @@
 
 Trace shape (parents first; lanes in brackets, set by `specdec.lane` where the time was spent elsewhere):
   Coordinator/Generate (server span)  > generate
-    open_sessions > draft.open_session, verify.open_session > draft.prefill [draft], verify.prefill [verify]
+    open_sessions > verify.open_session > verify.prefill [verify]
+    open_draft_session > draft.open_session > draft.prefill [draft]   (after the first token)
     round (one per committed round; `specdec.round` = 1, 2, ...)
       draft.propose > draft.forward [draft], wire          (and the Drafter's own server span)
       verify        > verify.forward, verify.sampling [verify], wire   (and the Verifier's server span)

@@ -27,6 +27,7 @@ COLORS = {  # by span name; server spans and anything else fall back to grey
     "generate": "#d9d9d9",
     "round": "#c6dbef",
     "open_sessions": "#e5d8bd",
+    "open_draft_session": "#e5d8bd",
     "close_sessions": "#e5d8bd",
     "draft.propose": "#9ecae1",
     "verify": "#fdae6b",

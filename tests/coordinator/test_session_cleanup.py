@@ -99,6 +99,7 @@ def test_a_failed_close_is_retried_once_in_the_background(monkeypatch):
         plan = GenerationPlan("req-1", [1, 2, 3], 8, SamplingParams(), 2, 0, overlap=False, call_streams=False)
         state = GenerationState(plan, RequestStats(), RequestTelemetry())
         sessions = ReplicaSessions(state, Replica("draft:1", None, draft), Replica("verify:1", None, verify), 5)
+        sessions._draft_opening = True  # its draft session was opened (after the first token)
         await sessions.close()
         assert verify.closes == ["req-1"] and draft.closes == ["req-1"]
         await asyncio.gather(*close_retry._retries)
