@@ -28,7 +28,7 @@ from demo_pair.draft_distillation import GREEDY_TOKEN_WEIGHT, SAMPLED_TOKEN_WEIG
 from smollm2_draft.chat_outputs import ChatAnswer
 
 HEAD_TOKENS = 8192
-DRAFT_LAYERS = 4
+DRAFT_LAYERS = 2
 
 
 def layer_dropped_draft(target: LlamaForCausalLM, layers: int) -> LlamaForCausalLM:

@@ -37,8 +37,7 @@ def training_lines(training: dict) -> list[str]:
             for i, run in enumerate(runs)
         ),
         "",
-        f"In all {minutes:.1f} min of training on a shared 2-core machine (a later run at idle priority beside other "
-        "jobs, so slower than the cores allow), after ~10 min generating the answers.",
+        f"In all {minutes:.1f} min of training on a shared 2-core machine, after ~10 min generating the answers.",
     ]
 
 

@@ -2,7 +2,7 @@
 
 A draft made from its target's bottom layers (a layer-dropped draft) shares the target's width, so it can share
 its token embeddings, and with them the tied output head, exactly. At 49,152 ids × 576 those are 57 MB in float16,
-twice the rest of a four-layer draft, and the target already holds them. Such a draft's
+more than the rest of a two-layer draft several times over, and the target already holds them. Such a draft's
 directory holds `embeddings_from.json` naming the source (a pinned wheel's GGUF file, found in the model cache and
 dequantized like any GGUF model, or a model directory) and the tensor's SHA-256; its weight file lacks the
 embedding, which is read from the source's safetensors and checked before it is put in place

@@ -1,5 +1,5 @@
 """The pretrained pair through the whole stack: SmolLM2-135M-Instruct from its pinned GGUF (49,152 ids, a chat
-template) with the draft made for it (models/smollm2-draft: the target's first four layers, distilled, its embeddings
+template) with the draft made for it (models/smollm2-draft: the target's first two layers, distilled, its embeddings
 borrowed from the target, a head over 8,192 ids).
 
 Held to: the dequantized directory is the GGUF file as transformers reads it; greedy answers to 20 held-out chat
