@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import time
 
+from coordinator.draft_lanes import DraftLane
 from coordinator.generation_state import GenerationState
 from coordinator.replica_sessions import ReplicaSessions
+from coordinator.round_blocks import LaneCall
 from coordinator.speculation_gate import CONTESTED_GAIN, CONTESTED_ROWS, SpeculationGate
 from coordinator.speculation_policy import (
     AcceptanceRate,
@@ -93,6 +95,15 @@ class BlockSizer:
         if not size or not self.state.plan.params.greedy:
             return 0
         return max(0, min(self.state.plan.lookup_tokens, self.state.remaining - tokens_before - size - 2))
+
+    def lane_call(self, lane: DraftLane, sequence: list[int], tokens_before: int, size: int, bonus: bool) -> LaneCall:
+        """The call drafting a block of `size` tokens on `lane` after tokens_before more commits (first the bonus
+        guess when `bonus`): its lookup tokens (greedy), and the tokens its constraint forces that it may hold with no
+        pass, as many as the budget and the largest γ leave."""
+        lookup = self.lookup_size(tokens_before, size)
+        grown = size + (lookup + 1 if lookup else 0)
+        room = min(self.state.plan.forced_tokens - grown + size, self.state.remaining - tokens_before - grown - 1)
+        return LaneCall(lane, sequence, size + 1 if bonus else size, lookup, max(0, room) if size else 0)
 
     def guesses_that_fit(self, guesses: int, gamma: int, verified_tokens: int) -> int:
         """How many of `guesses` pre-drafts of a γ block fit inside the verification of a block of verified_tokens

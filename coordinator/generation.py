@@ -30,7 +30,7 @@ from coordinator.replicas import Replica
 from coordinator.request_plan import GenerationPlan
 from coordinator.request_stats import RequestStats
 from coordinator.request_telemetry import RequestTelemetry
-from coordinator.round_blocks import ChainedRound, DraftBlock, LaneCall
+from coordinator.round_blocks import ChainedRound, DraftBlock
 from coordinator.round_calls import RoundCalls
 from coordinator.session_moves import Placement, SessionMoves
 from coordinator.speculation_gate import SpeculationGate
@@ -159,8 +159,8 @@ class Generation:
             return DraftBlock([], None)
         committed = self.state.committed
         lane = max(self.state.lanes, key=lambda candidate: candidate.sync_to(committed)[0])
-        lookup = self.sizing.lookup_size(0, num_tokens)
-        [block] = await self.calls.propose([LaneCall(lane, list(committed), num_tokens, lookup)], round_span)
+        call = self.sizing.lane_call(lane, list(committed), 0, num_tokens, bonus=False)
+        [block] = await self.calls.propose([call], round_span)
         return block
 
     def _commit(self, block: DraftBlock, verdict: verifier_pb2.VerifyResponse, round_span: Context) -> Chunk:

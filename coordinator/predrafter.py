@@ -62,10 +62,9 @@ class Predrafter:
             size = self.sizing.block_size(guess.accepted + 1, gamma)
             if size <= 0:
                 continue
-            num_tokens = size + 1 if guess.next_token is None else size  # + the drafter's own bonus guess
-            lookup = self.sizing.lookup_size(guess.accepted + 1, size)
             sequence = guess.sequence(state.committed, block.token_ids)
-            calls.append((guess, LaneCall(lane, sequence, num_tokens, lookup)))
+            bonus = guess.next_token is None  # the drafter drafts its own bonus guess first
+            calls.append((guess, self.sizing.lane_call(lane, sequence, guess.accepted + 1, size, bonus)))
         if not calls:
             return None
         state.stats.predraft_attempts += 1

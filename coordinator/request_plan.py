@@ -28,6 +28,7 @@ class GenerationPlan:
     lookup_tokens: int = (
         0  # greedy: lookup tokens a block may try after its drafted ones (specdec/sampling/prompt_lookup.py)
     )
+    forced_tokens: int = 0  # with a constraint: tokens it forces that a block may hold beyond γ (within the largest γ)
     top_logprobs: int | None = None  # the tokens' log-probabilities with this many alternatives each; None: none
     constraint: ConstraintSpec | None = None  # what the output must be (specdec/sampling/constraints.py)
     output_start: int = 0  # where the output begins in prompt_ids (0: at its end; a resumed request's is earlier)

@@ -34,11 +34,13 @@ class DraftBlock:
 
     @classmethod
     def from_reply(cls, reply: drafter_pb2.ProposeResponse, lane: int) -> DraftBlock:
-        """One lane's reply: alternative_token_ids [drafted, k] row-major become one list per position."""
+        """One lane's reply: alternative_token_ids [drafted, k] row-major become one list per position (without
+        the -1 that pads a position with fewer)."""
         probs = reply.draft_probs if reply.HasField("draft_probs") and reply.draft_probs.rows else None
         tokens = list(reply.draft_token_ids)
         width = len(reply.alternative_token_ids) // len(tokens) if tokens else 0
-        alternatives = [list(reply.alternative_token_ids[i * width : (i + 1) * width]) for i in range(len(tokens))]
+        rows = (reply.alternative_token_ids[i * width : (i + 1) * width] for i in range(len(tokens)))
+        alternatives = [[token for token in row if token >= 0] for row in rows]
         return cls(tokens, probs, alternatives if width else [], lane)
 
 
@@ -50,6 +52,7 @@ class LaneCall:
     sequence: list[int]
     num_tokens: int
     lookup_tokens: int = 0  # greedy: lookup tokens the drafter may try after them (the block grows by up to + 1)
+    forced_tokens: int = 0  # with a constraint: tokens it forces that the block may hold beyond them, with no pass
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ class RoundCalls:
                     num_speculative_tokens=call.num_tokens,
                     num_alternatives=alternatives,
                     num_lookup_tokens=call.lookup_tokens,
+                    num_forced_tokens=call.forced_tokens,
                 )
             )
         steps = max(call.num_tokens for call in calls)

@@ -78,8 +78,9 @@ def plan_request(
     # makes them independent of the blocks the rounds happen to use.
     rule = SamplingRule.COUPLED if request.sampling.HasField("seed") else settings.unseeded_sampling_rule
     params = dataclasses.replace(params, rule=rule)
+    constraint = constraint_from_proto(request.constraint)
     return GenerationPlan(
-        constraint=constraint_from_proto(request.constraint),
+        constraint=constraint,
         request_id=request.request_id or uuid.uuid4().hex,
         prompt_ids=list(prompt_ids),
         max_new_tokens=request.max_new_tokens,
@@ -91,5 +92,6 @@ def plan_request(
         call_streams=settings.call_streams,
         predraft_guesses=settings.predraft_guesses,
         lookup_tokens=min(settings.lookup_tokens, max(0, settings.max_num_speculative_tokens - gamma - 1)),
+        forced_tokens=max(0, settings.max_num_speculative_tokens - gamma) if constraint is not None else 0,
         top_logprobs=checked_top_logprobs(request.logprobs, request.top_logprobs),
     )

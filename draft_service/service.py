@@ -29,7 +29,8 @@ MODEL, NGRAM = "model", "ngram"
 class LaneProposal:
     """Sync one lane to base_len + appended_ids, then draft num_tokens tokens (and num_alternatives guesses of
     the verifier's token per drafted position; greedy, then up to num_lookup_tokens lookup tokens the draft
-    agrees with and its own next one: specdec/sampling/prompt_lookup.py)."""
+    agrees with and its own next one: specdec/sampling/prompt_lookup.py; and up to num_forced_tokens tokens its
+    constraint forces, with no pass)."""
 
     lane: int
     base_len: int
@@ -37,6 +38,7 @@ class LaneProposal:
     num_tokens: int
     num_alternatives: int = 0
     num_lookup_tokens: int = 0
+    num_forced_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,7 @@ class DraftService:
                     proposal.num_alternatives,
                     proposal.num_lookup_tokens,
                     lane.rules,
+                    proposal.num_forced_tokens,
                 )
                 if outcome is not None:
                     drafted(index, slot, lane, outcome)
@@ -286,6 +289,12 @@ class DraftService:
             raise InvalidFieldError(
                 "num_lookup_tokens",
                 f"{proposal.num_lookup_tokens} exceeds this drafter's limit of {self.settings.max_lookup_tokens}",
+            )
+        if proposal.num_forced_tokens > self.settings.max_speculative_tokens:
+            raise InvalidFieldError(
+                "num_forced_tokens",
+                f"{proposal.num_forced_tokens} exceeds this drafter's limit of {self.settings.max_speculative_tokens} "
+                "(max_speculative_tokens)",
             )
         if proposal.num_alternatives > self.settings.max_alternatives:
             raise InvalidFieldError(

@@ -131,6 +131,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             request.num_speculative_tokens,
             request.num_alternatives,
             request.num_lookup_tokens,
+            request.num_forced_tokens,
         )
 
     async def CallStream(self, request_iterator, context) -> None:
@@ -159,6 +160,12 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         )
 
 
+def padded_rows(alternatives: list[list[int]]) -> list[int]:
+    """Per position alternatives, row-major at the widest row's width, shorter rows padded with -1."""
+    width = max(map(len, alternatives), default=0)
+    return [token for position in alternatives for token in [*position, *[-1] * (width - len(position))]]
+
+
 def _propose_response(result: ProposeResult, draining: bool = False) -> drafter_pb2.ProposeResponse:
     proposal = result.proposal
     return drafter_pb2.ProposeResponse(
@@ -167,6 +174,6 @@ def _propose_response(result: ProposeResult, draining: bool = False) -> drafter_
         session_len=result.session_len,
         draft_ns=result.draft_ns,
         batch_rows=result.batch_rows,
-        alternative_token_ids=[token for position in proposal.alternatives for token in position],
+        alternative_token_ids=padded_rows(proposal.alternatives),
         draining=draining,
     )

@@ -42,29 +42,53 @@ class DraftJob:
     )
     lookup: list[int] | None = None  # the lookup tokens in the pass under way, to keep as far as the draft agrees
     rules: SequenceRules | None = None  # penalties, min_p, a constraint (specdec/sampling/sequence_rules.py)
+    forced_tokens: int = 0  # tokens the constraint forces that the block may hold beyond num_tokens, with no pass
+    forced: int = 0  # forced tokens taken so far
+
+    @property
+    def drafted(self) -> int:
+        """Tokens the draft model chose so far (forced ones aside)."""
+        return len(self.tokens) - self.forced
+
+    def take_forced(self, pending: Sequence[int]) -> list[int]:
+        """Takes the tokens the constraint forces after the session's sequence + `pending` (within forced_tokens),
+        each with q one-hot where the rule keeps q: what the draft's own masked row would be there; returns them."""
+        if self.rules is None:
+            return []
+        forced = self.rules.forced([*self.session.tokens, *pending], self.forced_tokens - self.forced)
+        model, keeps_q = self.session.model, not self.params.greedy and not self.params.coupled
+        for token in forced:
+            one_hot = torch.zeros(model.vocab_size, device=model.device) if keeps_q else None  # [V]
+            if one_hot is not None:
+                one_hot[token] = 1.0
+            self.take(token, [], one_hot)
+        self.forced += len(forced)
+        return forced
 
     def take(self, token: int, ranked: Sequence[int], probs: torch.Tensor | None = None) -> None:
         """Records a token chosen at this position, and the q row [V] it was drawn from under the rejection rule.
 
-        - ranked: the draft's most likely tokens there (at least num_alternatives + 1 of them, most likely first,
-          by the logits, or under the coupled rule by log q + g), to take the alternatives from.
+        - ranked: the draft's most likely tokens there (up to num_alternatives + 1 of them, most likely first, by
+          the logits, or under the coupled rule by log q + g), to take the alternatives from; -1 for none (a token
+          the rules refuse).
         """
         self.tokens.append(token)
         if probs is not None:
             self.rows.append(probs)
         if self.num_alternatives:
-            self.alternatives.append([t for t in ranked if t != token][: self.num_alternatives])
+            self.alternatives.append([t for t in ranked if t != token and t >= 0][: self.num_alternatives])
 
-    def start_lookup(self, token: int) -> PlannedForward | None:
-        """After the last drafted token: the pass that scores it and the lookup tokens after it, or None when
-        there is nothing to look up (not greedy, lookup off, no earlier copy, no room left)."""
+    def start_lookup(self, pending: Sequence[int]) -> PlannedForward | None:
+        """After the last drafted token (and the forced ones after it, `pending`): the pass that scores them and
+        the lookup tokens after them, or None when there is nothing to look up (not greedy, lookup off, no earlier
+        copy, no room left)."""
         if not self.lookup_tokens or not self.params.greedy:
             return None
-        lookup = lookup_continuation([*self.session.tokens, token], self.lookup_tokens)
+        lookup = lookup_continuation([*self.session.tokens, *pending], self.lookup_tokens)
         if not lookup:
             return None
         try:
-            lookup_pass = self.session.plan_extend([token, *lookup], score_previous=False)
+            lookup_pass = self.session.plan_extend([*pending, *lookup], score_previous=False)
         except (ContextOverflowError, KVCacheFullError):  # no room for the lookup: the block ends as drafted
             return None
         self.lookup = lookup
@@ -73,8 +97,10 @@ class DraftJob:
     def confirm_lookup(self, logits: torch.Tensor) -> Drafted:
         """Keeps the lookup tokens as far as the draft's argmax agrees, then the draft's own token where they part
         (or after the last); rolls the rest back, all of them if a row is bad (BadLogits: NaN or +inf, or no token
-        allowed). logits [k + 1, V]: after the last drafted token, after each lookup token."""
+        allowed). logits [.., V]: its last k + 1 rows after the last drafted (or forced) token and each lookup
+        token."""
         lookup, dead_row = self.lookup, None
+        logits = logits[-len(lookup) - 1 :]  # [k + 1, V]
         if self.rules is not None:
             shaped = self.rules.shape(logits, self.session.tokens, len(self.session) - len(lookup))
             logits, dead_row = shaped.logits, shaped.dead_row
@@ -82,7 +108,7 @@ class DraftJob:
         if bad_logits_codes(top.values[:, 0]).any():  # the block ends as drafted
             self.session.truncate(len(self.session) - len(lookup))
             return self.result()
-        ranked = top.indices.tolist()
+        ranked = top.indices.masked_fill(top.values == float("-inf"), -1).tolist()  # [k + 1, A + 1]
         kept, last = 0, len(lookup) if dead_row is None else dead_row  # no token at or after a dead end
         while kept < min(len(lookup), last) and ranked[kept][0] == lookup[kept]:
             kept += 1
@@ -167,16 +193,26 @@ class DraftRun:
         num_alternatives: int = 0,
         lookup_tokens: int = 0,
         rules: SequenceRules | None = None,
+        forced_tokens: int = 0,
     ) -> Drafted | Exception | None:
         """Starts drafting num_tokens tokens after the session's sequence (then, greedy, up to lookup_tokens lookup
-        tokens the draft agrees with and its own next one); `key` names it in step()'s results. Returns its outcome
-        at once when there is nothing to draft or it cannot start (the error), else None."""
-        job = DraftJob(session, num_tokens, params, num_alternatives, lookup_tokens=lookup_tokens, rules=rules)
+        tokens the draft agrees with and its own next one), and wherever its constraint forces a token, that token
+        with no pass (up to forced_tokens of them); `key` names it in step()'s results. Returns its outcome at once
+        when there is nothing to draft or it cannot start (the error), else None."""
+        job = DraftJob(
+            session,
+            num_tokens,
+            params,
+            num_alternatives,
+            lookup_tokens=lookup_tokens,
+            rules=rules,
+            forced_tokens=forced_tokens,
+        )
         if num_tokens == 0:
             return job.result()
         try:
             params.validate()
-            self._live.append((key, job, session.plan_extend()))
+            self._live.append((key, job, session.plan_extend(job.take_forced([]))))
         except Exception as error:  # noqa: BLE001 - reported to that session's caller only
             return error
         return None
@@ -211,12 +247,13 @@ class DraftRun:
                 finished.append((key, job.result()))
                 continue
             try:
-                if len(job.tokens) < job.num_tokens:
-                    still_live.append((key, job, job.session.plan_extend([token], score_previous=False)))
-                elif (lookup_pass := job.start_lookup(token)) is not None:
+                pending = [token, *job.take_forced([token])]
+                if job.drafted < job.num_tokens:
+                    still_live.append((key, job, job.session.plan_extend(pending, score_previous=False)))
+                elif (lookup_pass := job.start_lookup(pending)) is not None:
                     still_live.append((key, job, lookup_pass))
                 else:
-                    job.session.append([token])
+                    job.session.append(pending)
                     finished.append((key, job.result()))
             except Exception as error:  # noqa: BLE001
                 finished.append((key, error))
@@ -224,7 +261,7 @@ class DraftRun:
         return finished
 
 
-def draft_many(requests: Sequence[DraftRequest]) -> list[Drafted | Exception]:
+def draft_many(requests: Sequence[DraftRequest], forced_tokens: int = 0) -> list[Drafted | Exception]:
     """Samples num_tokens tokens after each session's sequence and appends them to it, all sessions in one
     DraftRun (one pass per drafted position).
 
@@ -232,11 +269,13 @@ def draft_many(requests: Sequence[DraftRequest]) -> list[Drafted | Exception]:
     decoding, where q is one-hot at the drafted token, and under the coupled rule, whose verifier needs no q;
     and per position the num_alternatives most likely other
     tokens by the draft's logits (guesses of what the verifier puts there if it rejects the drafted token); or the
-    error that failed that request alone.
+    error that failed that request alone. Each block may also hold up to forced_tokens tokens its constraint
+    forces (DraftRun.add).
     """
     run = DraftRun()
     results: list[Drafted | Exception | None] = [
-        run.add(index, *request[:4], rules=request[4]) for index, request in enumerate(requests)
+        run.add(index, *request[:4], rules=request[4], forced_tokens=forced_tokens)
+        for index, request in enumerate(requests)
     ]
     while run:
         for index, outcome in run.step():
@@ -250,6 +289,8 @@ def draft_with_model(
     params: SamplingParams,
     num_alternatives: int = 0,
     rules: SequenceRules | None = None,
+    forced_tokens: int = 0,
 ) -> Drafted:
-    """One session's draft (see draft_many); raises its error."""
-    return only_result(draft_many([(session, num_tokens, params, num_alternatives, rules)]))
+    """One session's draft (see draft_many), with up to forced_tokens tokens its constraint forces beyond
+    num_tokens (DraftRun.add); raises its error."""
+    return only_result(draft_many([(session, num_tokens, params, num_alternatives, rules)], forced_tokens))

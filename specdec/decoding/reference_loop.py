@@ -50,7 +50,8 @@ def speculative_generate(
     while len(generated) < max_new_tokens:
         base_len = len(target_session)
         block = min(gamma, max_new_tokens - len(generated) - 1)  # never draft past the budget
-        drafted = draft_with_model(draft_session, block, sampling, rules=draft_rules)
+        forced = max_new_tokens - len(generated) - 1 - block  # forced tokens the block may hold, within the budget
+        drafted = draft_with_model(draft_session, block, sampling, rules=draft_rules, forced_tokens=forced)
         draft_tokens, draft_probs = drafted.token_ids, drafted.probs
         verdict, _ = verify_round(
             target_session, "reference", base_len, draft_tokens, draft_probs, sampling, rules=target_rules

@@ -37,7 +37,8 @@ class RowChoice:
 
     token: int  # meaningless where bad_logits is nonzero
     bad_logits: int  # a BadLogits code
-    ranked: list[int]  # the row's most likely tokens, most likely first (num_alternatives + 1 of them, or [])
+    ranked: list[int]  # the row's most likely tokens, most likely first (up to num_alternatives + 1, or []); only
+    # tokens the row allows (a finite logit): a constraint's mask may leave fewer
     probs: torch.Tensor | None  # q [V] of a sampled rejection-rule row; None when greedy or coupled
 
 
@@ -47,7 +48,8 @@ def choose_rows(logits: torch.Tensor, requests: Sequence[RowRequest]) -> list[Ro
     - greedy rows: the first argmax;
     - sampled rows under the rejection rule: inverse-CDF draws from q at their position's DRAFT uniform;
     - coupled rows: argmax(q / e) with their position's exponential noise e (= argmax(log q + g));
-    - ranked: one top-k of width max(num_alternatives) + 1 over the logits, or the coupled rows' scores.
+    - ranked: one top-k of width max(num_alternatives) + 1 over the logits, or the coupled rows' scores, without
+      the tokens whose logit is -inf (a constraint or min_p refuses them: no verdict can name them).
     """
     device, vocab = logits.device, logits.shape[-1]
     probs, tokens, codes = batched_probs(logits, RowSettings.of([r.params for r in requests], device))  # [K, V], [K]
@@ -68,14 +70,17 @@ def choose_rows(logits: torch.Tensor, requests: Sequence[RowRequest]) -> list[Ro
         draws = [(requests[i].params.seed, requests[i].position) for i in coupled]
         scores = coupled_scores(probs.index_select(0, rows), draws)  # [C, V]: q / e
         tokens = tokens.index_copy(0, rows, scores.argmax(dim=-1))  # [K]
-        if ranking is not None:
-            ranking = ranking.index_copy(0, rows, scores.double())
+        if ranking is not None:  # a token the rules refuse (logit -inf) ranks last, as by the logits
+            refused = logits.index_select(0, rows) == float("-inf")  # [C, V]
+            ranking = ranking.index_copy(0, rows, scores.double().masked_fill(refused, float("-inf")))
     columns = [tokens.unsqueeze(-1), codes.long().unsqueeze(-1)]  # [K, 1] each
     if ranking is not None:
-        columns.append(ranking.topk(width, dim=-1).indices)  # [K, width], largest first
+        top = ranking.topk(width, dim=-1).indices  # [K, width], largest first
+        refused = logits.gather(-1, top) == float("-inf")  # [K, width]
+        columns.append(top.masked_fill(refused, -1))
     host = torch.cat(columns, dim=-1).tolist()  # [K, 2 + width or 2]: the step's one read back
     kept = dict(zip(sampled, kept_probs)) if kept_probs is not None else {}
     return [
-        RowChoice(row[0], row[1], row[2 : 2 + r.num_alternatives + 1] if r.num_alternatives else [], kept.get(i))
+        RowChoice(row[0], row[1], [t for t in row[2 : 2 + r.num_alternatives + 1] if t >= 0], kept.get(i))
         for i, (row, r) in enumerate(zip(host, requests))
     ]

@@ -12,10 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import xgrammar
 
 from specdec.common.errors import InvalidFieldError
-from specdec.sampling.constraints import ConstraintCompiler, ConstraintCursor, ConstraintSpec
+from specdec.sampling.constraints import ConstraintCompiler, ConstraintCursor, ConstraintSpec, apply_bitmask
 from specdec.sampling.penalties import apply_min_p, penalise_block
 from specdec.sampling.rules import SamplingParams
 
@@ -45,6 +44,13 @@ class SequenceRules:
         """An independent copy (a new draft lane)."""
         return SequenceRules(self.params, self.output_start, self.cursor.fork() if self.cursor else None)
 
+    def forced(self, tokens: Sequence[int], limit: int) -> list[int]:
+        """Up to `limit` tokens the constraint forces after the sequence `tokens` (none without a constraint): the only
+        token allowed at its position is a point mass under every rule, so the verifier commits it whatever p is."""
+        if self.cursor is None or limit <= 0:
+            return []
+        return self.cursor.forced(tokens[self.output_start :], limit)
+
     def shape(self, logits: torch.Tensor, tokens: Sequence[int], first: int) -> ShapedBlock:
         """The rules on a block's logits [n, V]: row j predicts position first + j, after tokens[:first + j] (the
         tokens past `first` are the block's drafted ones). A dead row's mask is left off: the caller ends there."""
@@ -56,7 +62,7 @@ class SequenceRules:
             if dead_row is not None:
                 mask[dead_row] = -1  # all allowed: the caller never samples it
             logits = logits.to(torch.float32, copy=True)  # masked in place
-            xgrammar.apply_token_bitmask_inplace(logits, mask.to(logits.device), vocab_size=logits.shape[-1])
+            apply_bitmask(logits, mask)
         return ShapedBlock(apply_min_p(logits, self.params), dead_row)
 
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18specdec/v1/drafter.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\xaa\x02\n\x17OpenDraftSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12-\n\x0c\x64raft_method\x18\x04 \x01(\x0e\x32\x17.specdec.v1.DraftMethod\x12\x11\n\tnum_lanes\x18\x05 \x01(\r\x12/\n\rsampling_rule\x18\x06 \x01(\x0e\x32\x18.specdec.v1.SamplingRule\x12*\n\nconstraint\x18( \x01(\x0b\x32\x16.specdec.v1.Constraint\x12\x14\n\x0coutput_start\x18) \x01(\r\"C\n\x18OpenDraftSessionResponse\x12\x13\n\x0bsession_len\x18\x01 \x01(\r\x12\x12\n\nprefill_ns\x18\x02 \x01(\x04\"\xa7\x01\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61se_len\x18\x02 \x01(\r\x12\x1a\n\x12\x61ppended_token_ids\x18\x03 \x03(\x05\x12\x1e\n\x16num_speculative_tokens\x18\x04 \x01(\r\x12\x18\n\x10num_alternatives\x18\x05 \x01(\r\x12\x19\n\x11num_lookup_tokens\x18\x06 \x01(\r\"\x9f\x01\n\x0cLaneProposal\x12\x0c\n\x04lane\x18\x01 \x01(\r\x12\x10\n\x08\x62\x61se_len\x18\x02 \x01(\r\x12\x1a\n\x12\x61ppended_token_ids\x18\x03 \x03(\x05\x12\x1e\n\x16num_speculative_tokens\x18\x04 \x01(\r\x12\x18\n\x10num_alternatives\x18\x05 \x01(\r\x12\x19\n\x11num_lookup_tokens\x18\x06 \x01(\r\"R\n\x13ProposeLanesRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\'\n\x05lanes\x18\x02 \x03(\x0b\x32\x18.specdec.v1.LaneProposal\"T\n\x14ProposeLanesResponse\x12*\n\x05lanes\x18\x01 \x03(\x0b\x32\x1b.specdec.v1.ProposeResponse\x12\x10\n\x08\x64raining\x18\x1e \x01(\x08\"\xca\x01\n\x0fProposeResponse\x12\x17\n\x0f\x64raft_token_ids\x18\x01 \x03(\x05\x12\x32\n\x0b\x64raft_probs\x18\x02 \x01(\x0b\x32\x1d.specdec.v1.ProbabilityMatrix\x12\x13\n\x0bsession_len\x18\x03 \x01(\r\x12\x10\n\x08\x64raft_ns\x18\x04 \x01(\x04\x12\x12\n\nbatch_rows\x18\x05 \x01(\r\x12\x1d\n\x15\x61lternative_token_ids\x18\x06 \x03(\x05\x12\x10\n\x08\x64raining\x18\x1e \x01(\x08\x32\xce\x03\n\x07\x44rafter\x12X\n\x0bOpenSession\x12#.specdec.v1.OpenDraftSessionRequest\x1a$.specdec.v1.OpenDraftSessionResponse\x12\x42\n\x07Propose\x12\x1a.specdec.v1.ProposeRequest\x1a\x1b.specdec.v1.ProposeResponse\x12Q\n\x0cProposeLanes\x12\x1f.specdec.v1.ProposeLanesRequest\x1a .specdec.v1.ProposeLanesResponse\x12Q\n\x0c\x43loseSession\x12\x1f.specdec.v1.CloseSessionRequest\x1a .specdec.v1.CloseSessionResponse\x12\x38\n\x04Info\x12\x17.specdec.v1.InfoRequest\x1a\x17.specdec.v1.ServiceInfo\x12\x45\n\nCallStream\x12\x18.specdec.v1.StreamedCall\x1a\x19.specdec.v1.StreamedReply(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18specdec/v1/drafter.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\xaa\x02\n\x17OpenDraftSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12-\n\x0c\x64raft_method\x18\x04 \x01(\x0e\x32\x17.specdec.v1.DraftMethod\x12\x11\n\tnum_lanes\x18\x05 \x01(\r\x12/\n\rsampling_rule\x18\x06 \x01(\x0e\x32\x18.specdec.v1.SamplingRule\x12*\n\nconstraint\x18( \x01(\x0b\x32\x16.specdec.v1.Constraint\x12\x14\n\x0coutput_start\x18) \x01(\r\"C\n\x18OpenDraftSessionResponse\x12\x13\n\x0bsession_len\x18\x01 \x01(\r\x12\x12\n\nprefill_ns\x18\x02 \x01(\x04\"\xc2\x01\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61se_len\x18\x02 \x01(\r\x12\x1a\n\x12\x61ppended_token_ids\x18\x03 \x03(\x05\x12\x1e\n\x16num_speculative_tokens\x18\x04 \x01(\r\x12\x18\n\x10num_alternatives\x18\x05 \x01(\r\x12\x19\n\x11num_lookup_tokens\x18\x06 \x01(\r\x12\x19\n\x11num_forced_tokens\x18K \x01(\r\"\xba\x01\n\x0cLaneProposal\x12\x0c\n\x04lane\x18\x01 \x01(\r\x12\x10\n\x08\x62\x61se_len\x18\x02 \x01(\r\x12\x1a\n\x12\x61ppended_token_ids\x18\x03 \x03(\x05\x12\x1e\n\x16num_speculative_tokens\x18\x04 \x01(\r\x12\x18\n\x10num_alternatives\x18\x05 \x01(\r\x12\x19\n\x11num_lookup_tokens\x18\x06 \x01(\r\x12\x19\n\x11num_forced_tokens\x18K \x01(\r\"R\n\x13ProposeLanesRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\'\n\x05lanes\x18\x02 \x03(\x0b\x32\x18.specdec.v1.LaneProposal\"T\n\x14ProposeLanesResponse\x12*\n\x05lanes\x18\x01 \x03(\x0b\x32\x1b.specdec.v1.ProposeResponse\x12\x10\n\x08\x64raining\x18\x1e \x01(\x08\"\xca\x01\n\x0fProposeResponse\x12\x17\n\x0f\x64raft_token_ids\x18\x01 \x03(\x05\x12\x32\n\x0b\x64raft_probs\x18\x02 \x01(\x0b\x32\x1d.specdec.v1.ProbabilityMatrix\x12\x13\n\x0bsession_len\x18\x03 \x01(\r\x12\x10\n\x08\x64raft_ns\x18\x04 \x01(\x04\x12\x12\n\nbatch_rows\x18\x05 \x01(\r\x12\x1d\n\x15\x61lternative_token_ids\x18\x06 \x03(\x05\x12\x10\n\x08\x64raining\x18\x1e \x01(\x08\x32\xce\x03\n\x07\x44rafter\x12X\n\x0bOpenSession\x12#.specdec.v1.OpenDraftSessionRequest\x1a$.specdec.v1.OpenDraftSessionResponse\x12\x42\n\x07Propose\x12\x1a.specdec.v1.ProposeRequest\x1a\x1b.specdec.v1.ProposeResponse\x12Q\n\x0cProposeLanes\x12\x1f.specdec.v1.ProposeLanesRequest\x1a .specdec.v1.ProposeLanesResponse\x12Q\n\x0c\x43loseSession\x12\x1f.specdec.v1.CloseSessionRequest\x1a .specdec.v1.CloseSessionResponse\x12\x38\n\x04Info\x12\x17.specdec.v1.InfoRequest\x1a\x17.specdec.v1.ServiceInfo\x12\x45\n\nCallStream\x12\x18.specdec.v1.StreamedCall\x1a\x19.specdec.v1.StreamedReply(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,15 +37,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPENDRAFTSESSIONRESPONSE']._serialized_start=366
   _globals['_OPENDRAFTSESSIONRESPONSE']._serialized_end=433
   _globals['_PROPOSEREQUEST']._serialized_start=436
-  _globals['_PROPOSEREQUEST']._serialized_end=603
-  _globals['_LANEPROPOSAL']._serialized_start=606
-  _globals['_LANEPROPOSAL']._serialized_end=765
-  _globals['_PROPOSELANESREQUEST']._serialized_start=767
-  _globals['_PROPOSELANESREQUEST']._serialized_end=849
-  _globals['_PROPOSELANESRESPONSE']._serialized_start=851
-  _globals['_PROPOSELANESRESPONSE']._serialized_end=935
-  _globals['_PROPOSERESPONSE']._serialized_start=938
-  _globals['_PROPOSERESPONSE']._serialized_end=1140
-  _globals['_DRAFTER']._serialized_start=1143
-  _globals['_DRAFTER']._serialized_end=1605
+  _globals['_PROPOSEREQUEST']._serialized_end=630
+  _globals['_LANEPROPOSAL']._serialized_start=633
+  _globals['_LANEPROPOSAL']._serialized_end=819
+  _globals['_PROPOSELANESREQUEST']._serialized_start=821
+  _globals['_PROPOSELANESREQUEST']._serialized_end=903
+  _globals['_PROPOSELANESRESPONSE']._serialized_start=905
+  _globals['_PROPOSELANESRESPONSE']._serialized_end=989
+  _globals['_PROPOSERESPONSE']._serialized_start=992
+  _globals['_PROPOSERESPONSE']._serialized_end=1194
+  _globals['_DRAFTER']._serialized_start=1197
+  _globals['_DRAFTER']._serialized_end=1659
 # @@protoc_insertion_point(module_scope)

@@ -36,36 +36,40 @@ class OpenDraftSessionResponse(_message.Message):
     def __init__(self, session_len: _Optional[int] = ..., prefill_ns: _Optional[int] = ...) -> None: ...
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("session_id", "base_len", "appended_token_ids", "num_speculative_tokens", "num_alternatives", "num_lookup_tokens")
+    __slots__ = ("session_id", "base_len", "appended_token_ids", "num_speculative_tokens", "num_alternatives", "num_lookup_tokens", "num_forced_tokens")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     BASE_LEN_FIELD_NUMBER: _ClassVar[int]
     APPENDED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
     NUM_LOOKUP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_FORCED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     base_len: int
     appended_token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_speculative_tokens: int
     num_alternatives: int
     num_lookup_tokens: int
-    def __init__(self, session_id: _Optional[str] = ..., base_len: _Optional[int] = ..., appended_token_ids: _Optional[_Iterable[int]] = ..., num_speculative_tokens: _Optional[int] = ..., num_alternatives: _Optional[int] = ..., num_lookup_tokens: _Optional[int] = ...) -> None: ...
+    num_forced_tokens: int
+    def __init__(self, session_id: _Optional[str] = ..., base_len: _Optional[int] = ..., appended_token_ids: _Optional[_Iterable[int]] = ..., num_speculative_tokens: _Optional[int] = ..., num_alternatives: _Optional[int] = ..., num_lookup_tokens: _Optional[int] = ..., num_forced_tokens: _Optional[int] = ...) -> None: ...
 
 class LaneProposal(_message.Message):
-    __slots__ = ("lane", "base_len", "appended_token_ids", "num_speculative_tokens", "num_alternatives", "num_lookup_tokens")
+    __slots__ = ("lane", "base_len", "appended_token_ids", "num_speculative_tokens", "num_alternatives", "num_lookup_tokens", "num_forced_tokens")
     LANE_FIELD_NUMBER: _ClassVar[int]
     BASE_LEN_FIELD_NUMBER: _ClassVar[int]
     APPENDED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
     NUM_LOOKUP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_FORCED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     lane: int
     base_len: int
     appended_token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_speculative_tokens: int
     num_alternatives: int
     num_lookup_tokens: int
-    def __init__(self, lane: _Optional[int] = ..., base_len: _Optional[int] = ..., appended_token_ids: _Optional[_Iterable[int]] = ..., num_speculative_tokens: _Optional[int] = ..., num_alternatives: _Optional[int] = ..., num_lookup_tokens: _Optional[int] = ...) -> None: ...
+    num_forced_tokens: int
+    def __init__(self, lane: _Optional[int] = ..., base_len: _Optional[int] = ..., appended_token_ids: _Optional[_Iterable[int]] = ..., num_speculative_tokens: _Optional[int] = ..., num_alternatives: _Optional[int] = ..., num_lookup_tokens: _Optional[int] = ..., num_forced_tokens: _Optional[int] = ...) -> None: ...
 
 class ProposeLanesRequest(_message.Message):
     __slots__ = ("session_id", "lanes")

@@ -22,7 +22,9 @@ import torch
 from scipy.stats import chisquare
 from tiny_models import noisy_copy, save, tiny_llama
 
+from specdec.decoding.drafting import DraftRun
 from specdec.decoding.reference_loop import speculative_generate, target_only_generate
+from specdec.engine.kv.session import KVSession
 from specdec.engine.model_runtime import LoadedModel, ModelSettings
 from specdec.local_stack import REPO_ROOT
 from specdec.sampling.constraints import ConstraintCompiler, ConstraintKind, ConstraintSpec
@@ -233,3 +235,36 @@ def test_sampled_pairs_follow_the_exact_distribution(pair, compiler, params, con
     else:  # the reference is the penalised distribution: it differs from the one without the penalties
         plain = pair_distribution(target, prompt, dataclasses.replace(params, **NO_PENALTIES))
         assert sum(abs(cells.get(c, 0.0) - plain.get(c, 0.0)) for c in {*cells, *plain}) / 2 > 0.02
+
+
+FORCING = "(x|y)\x01\x02\x03"  # after x or y, three control bytes no merge joins, then only the stop token
+
+
+def test_forced_tokens_are_the_only_allowed_ones_and_take_no_pass(pair, compiler):
+    """The drafter takes the tokens the constraint forces beyond its num_tokens, within its budget, with no pass of
+    their own (here none at all: the prefill's row drafts the one token, the forced ones stay pending); each is the
+    only token a fresh cursor allows where it stands."""
+    draft, tokenizer = pair[1], pair[0].tokenizer
+    spec = ConstraintSpec(ConstraintKind.REGEX, FORCING)
+    control = [
+        tokenizer.convert_tokens_to_ids(tokenizer.convert_ids_to_tokens(i))
+        for i in tokenizer("\x01\x02\x03", add_special_tokens=False)["input_ids"]
+    ]
+    prompt = tokenizer("data = ", add_special_tokens=False)["input_ids"]
+    for budget, expected_forced in ((8, [*control, *sorted(draft.eos_token_ids)]), (2, control[:2])):
+        session = KVSession(draft, prompt)
+        session.prefill()
+        rules = session_rules(compiler, SamplingParams(), len(prompt), spec)
+        run, passes = DraftRun(), 0
+        assert run.add("job", session, 1, SamplingParams(), rules=rules, forced_tokens=budget) is None
+        finished = []
+        while run:
+            passes += run.runs_a_pass
+            finished += run.step()
+        [(_, drafted)] = finished
+        assert drafted.token_ids[1:] == expected_forced and passes == 0
+        fresh = compiler.cursor(spec)
+        for end in range(1, len(drafted.token_ids)):
+            mask, _ = fresh.block_mask(drafted.token_ids[:end], [], 1)
+            allowed = [t for t in range(compiler.vocab_size) if mask[0, t // 32] >> (t % 32) & 1]
+            assert allowed == [drafted.token_ids[end]]

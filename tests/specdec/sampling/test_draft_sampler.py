@@ -29,17 +29,20 @@ MIN_P_VALUE = 0.001
 
 
 def one_by_one(logits: torch.Tensor, request: RowRequest) -> tuple[int, torch.Tensor | None, list[int], torch.Tensor]:
-    """The one-row reference for logits [V]: (token, q kept or None, alternatives, what they are ranked by [V])."""
+    """The one-row reference for logits [V]: (token, q kept or None, alternatives, what they are ranked by [V]);
+    the alternatives are among the allowed tokens (a finite logit) only."""
     params, width = request.params, min(request.num_alternatives + 1, logits.shape[-1])
     probs = logits_to_probs(logits, params)  # [V]
     if params.coupled:
         ranking = coupled_scores(probs[None], [(params.seed, request.position)])[0]  # [V]
         token, kept = int(ranking.argmax()), None
+        ranking = ranking.double().masked_fill(logits == -math.inf, -math.inf)
     else:
         ranking = logits.double()
         token = sample_token(probs, params, position=request.position, stream=Stream.DRAFT)
         kept = None if params.greedy else probs
     ranked = ranking.topk(width).indices.tolist() if request.num_alternatives else []
+    ranked = [t for t in ranked if logits[t] != -math.inf]  # a refused token is no verdict's: never an alternative
     return token, kept, [t for t in ranked if t != token][: request.num_alternatives], ranking
 
 
