@@ -1,9 +1,11 @@
 """The SmolLM2 draft: the target cut to its bottom layers, its head's ids, and its loss.
 
-- Shape: the target's first DRAFT_LAYERS decoder layers, its final norm, and its token embeddings with the tied head
+- Shape: the target's first few decoder layers, its final norm, and its token embeddings with the tied head
   (demo_pair/draft_distillation.py's start): the target's own geometry, which distillation teaches those few layers
   to use. The embeddings stay frozen and are not shipped: the draft borrows them from the target at load time
-  (specdec/engine/borrowed_embeddings.py), so its weight file holds two layers.
+  (specdec/engine/borrowed_embeddings.py), so its weight file holds only its layers.
+- Deepening: a trained draft grows by the target's next layers with their output projections zeroed, so the deeper
+  draft starts out computing exactly what the trained one does and distillation goes on from there.
 - Head: served over the HEAD_TOKENS ids the target's answers use most (specdec/engine/subset_head.py); training
   computes logits over those ids only, as serving does.
 - Loss at each answer position: cross-entropy against the target's top-k distribution mapped onto the head's ids
@@ -13,11 +15,13 @@
 
 from __future__ import annotations
 
+import pathlib
 from collections import Counter
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from transformers import LlamaForCausalLM
 
 from demo_pair.draft_distillation import GREEDY_TOKEN_WEIGHT, SAMPLED_TOKEN_WEIGHT, draft_from_target
@@ -27,12 +31,33 @@ HEAD_TOKENS = 8192
 DRAFT_LAYERS = 2
 
 
-def layer_dropped_draft(target: LlamaForCausalLM) -> LlamaForCausalLM:
-    """A draft of the target's first DRAFT_LAYERS layers, final norm and (frozen) embeddings with the tied head."""
-    config = type(target.config).from_dict({**target.config.to_dict(), "num_hidden_layers": DRAFT_LAYERS})
+def layer_dropped_draft(target: LlamaForCausalLM, layers: int) -> LlamaForCausalLM:
+    """A draft of the target's first `layers` layers, final norm and (frozen) embeddings with the tied head."""
+    config = type(target.config).from_dict({**target.config.to_dict(), "num_hidden_layers": layers})
     draft = draft_from_target(target, config)
     draft.get_input_embeddings().weight.requires_grad_(False)
     return draft
+
+
+def trained_draft(target: LlamaForCausalLM, draft_dir: pathlib.Path, layers: int) -> LlamaForCausalLM:
+    """A saved draft of `layers` layers (weights without the embedding) on the target's embeddings, float32."""
+    draft = layer_dropped_draft(target, layers)
+    weights = {name: tensor.float() for name, tensor in load_file(draft_dir / "model.safetensors").items()}
+    missing = draft.load_state_dict(weights, strict=False).missing_keys
+    if set(missing) - {"model.embed_tokens.weight", "lm_head.weight"}:
+        raise ValueError(f"{draft_dir} lacks {missing}: not a draft of {layers} layers")
+    return draft
+
+
+def deepened_draft(shallower: LlamaForCausalLM, target: LlamaForCausalLM, layers: int) -> LlamaForCausalLM:
+    """`shallower` with the target's next layers appended up to `layers`, their attention output and MLP down
+    projections zeroed: each new layer adds nothing to the residual stream until training moves those weights."""
+    deeper = layer_dropped_draft(target, layers)
+    deeper.load_state_dict(shallower.state_dict(), strict=False)  # its layers, final norm and head
+    for layer in deeper.model.layers[shallower.config.num_hidden_layers :]:
+        torch.nn.init.zeros_(layer.self_attn.o_proj.weight)
+        torch.nn.init.zeros_(layer.mlp.down_proj.weight)
+    return deeper
 
 
 def head_token_ids(answers: Sequence[ChatAnswer], count: int, always: Sequence[int]) -> list[int]:
@@ -42,10 +67,10 @@ def head_token_ids(answers: Sequence[ChatAnswer], count: int, always: Sequence[i
     return sorted(chosen)
 
 
-def coverage(answers: Sequence[ChatAnswer], kept: Sequence[int]) -> float:
-    """Share of the answers' tokens the head holds."""
+def share_in_head(answers: Sequence[Sequence[int]], kept: Sequence[int]) -> float:
+    """Share of the answers' tokens (each answer a list of ids) that the head holds."""
     kept_set = set(kept)
-    tokens = [token for answer in answers for token in answer.answer_ids]
+    tokens = [token for answer in answers for token in answer]
     return sum(token in kept_set for token in tokens) / max(1, len(tokens))
 
 

@@ -7,8 +7,9 @@ With the project's in-process loop (`specdec.decoding.reference_loop`), one CPU 
 draft service runs it (its kernels and its subset head):
 - α at temperature 0 and 1 and the cost ratio c (demo_pair/measure.py's step timing: one token after a warm cache,
   models in alternation, medians);
-- self-speculation: the target's own first layers with its own head (the demo pair's draft_from_target, no
-  training): α at temperature 0 on the first prompts, and c;
+- the head: the share of the target's greedy answer tokens that the draft's head holds (outside it q = 0);
+- self-speculation: the target's own first layers (as many as the draft has) with its own head (the demo pair's
+  draft_from_target, no training): α at temperature 0 on the first prompts, and c;
 - n-gram lookup (the NGRAM draft method's prompt lookup): α at temperature 0, replayed on the target's greedy answers
   (a lookup draft is accepted as far as it matches them), c ≈ 0.
 """
@@ -26,12 +27,12 @@ import torch
 from demo_pair.draft_distillation import draft_from_target
 from demo_pair.measure import environment, measure_acceptance, measure_step_times, speedup_bound
 from load_tests.chat_prompts import chat_messages, chat_prompts
+from smollm2_draft.distillation import share_in_head
 from smollm2_draft.model_card import write_card
 from specdec.engine.model_runtime import LoadedModel, ModelSettings, check_same_vocabulary
 from specdec.engine.smollm2_pair import SMOLLM2_DRAFT_DIR, smollm2_target
+from specdec.engine.subset_head import read_head_ids
 from specdec.sampling.prompt_lookup import lookup_continuation
-
-SELF_SPECULATION_LAYERS = 2
 
 
 def ngram_acceptance(prompts: list[list[int]], answers: list[list[int]], gamma: int) -> dict:
@@ -90,8 +91,9 @@ def main(argv: list[str] | None = None) -> dict:
     answers: list[list[int]] = []
     greedy = measure_acceptance(target, draft, prompts, args.gamma, 0.0, args.max_new_tokens, "T=0", answers)
     sampled = measure_acceptance(target, draft, prompts, args.gamma, 1.0, args.max_new_tokens, "T=1")
+    layers = draft.model.config.num_hidden_layers
     with tempfile.TemporaryDirectory() as scratch:
-        self_draft = self_speculation_draft(target, SELF_SPECULATION_LAYERS, pathlib.Path(scratch))
+        self_draft = self_speculation_draft(target, layers, pathlib.Path(scratch))
         self_steps = measure_step_times(target, self_draft, context, args.gamma, max(3, args.step_repeats // 3))
         few = prompts[: args.self_speculation_prompts]
         self_greedy = measure_acceptance(target, self_draft, few, args.gamma, 0.0, args.max_new_tokens, "self T=0")
@@ -112,9 +114,10 @@ def main(argv: list[str] | None = None) -> dict:
             "speedup_bound_temperature_1": round(speedup_bound(sampled["acceptance_rate"], args.gamma, steps["c"]), 3),
             "weight_file_bytes": sum(p.stat().st_size for p in args.draft_dir.glob("*.safetensors")),
             "parameters": sum(p.numel() for p in draft.model.parameters()),
+            "greedy_answer_tokens_in_head": round(share_in_head(answers, read_head_ids(str(args.draft_dir))), 4),
         },
         "self_speculation": {
-            "layers": SELF_SPECULATION_LAYERS,
+            "layers": layers,
             "prompts": len(few),
             "temperature_0": self_greedy,
             "c": self_steps["c"],

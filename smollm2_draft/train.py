@@ -1,7 +1,8 @@
 """Make the SmolLM2 draft: the target's answers to chat prompts, then a narrow draft distilled on them.
 
     python -m smollm2_draft.train answers --max-minutes 18   # the target's answers, resumable (~10 min in all)
-    python -m smollm2_draft.train draft --steps 800          # distil the draft (resumes from its checkpoint)
+    python -m smollm2_draft.train draft --layers 2 --steps 800          # distil a draft (resumes from its checkpoint)
+    python -m smollm2_draft.train draft --deepen models/smollm2-draft   # grow that one to --layers, distil on
 
 The target is the pinned GGUF (fetched by `python -m specdec fetch`); it answers in bfloat16 (3× the float32
 rate on these cores; its answers are the same text up to near-ties). Work files live in `--work-dir`. The
@@ -25,10 +26,12 @@ from smollm2_draft.chat_outputs import TOP_K, generate_chat_answers, load_chat_a
 from smollm2_draft.distillation import (
     DRAFT_LAYERS,
     HEAD_TOKENS,
-    coverage,
+    deepened_draft,
     distillation_loss,
     head_token_ids,
     layer_dropped_draft,
+    share_in_head,
+    trained_draft,
 )
 from specdec.engine.borrowed_embeddings import EMBEDDING_TENSOR, write_embeddings_source
 from specdec.engine.gguf_checkpoint import resolve_model
@@ -68,6 +71,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--draft-dir", type=pathlib.Path, default=SMOLLM2_DRAFT_DIR)
     parser.add_argument("--max-minutes", type=float, default=18.0, help="answers: stop after this long (resume later)")
     parser.add_argument("--steps", type=int, default=800)
+    parser.add_argument(
+        "--layers", type=int, default=DRAFT_LAYERS, help="the draft's depth (the target's first layers)"
+    )
+    parser.add_argument(
+        "--deepen", type=pathlib.Path, help="start from this trained, shallower draft (its training.json is kept)"
+    )
+    parser.add_argument("--learning-rate", type=float, default=1e-3, help="peak (warm-up 20 steps, cosine to 10%%)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -88,21 +98,32 @@ def main(argv: list[str] | None = None) -> None:
     answer_tokens = sum(len(a.answer_ids) for a in answers)
     print(
         f"{len(answers)} answers, {answer_tokens} tokens; head of {len(kept)} ids covers "
-        f"{coverage(answers, kept):.4f} of them",
+        f"{share_in_head([a.answer_ids for a in answers], kept):.4f} of them",
         flush=True,
     )
     settings = RunSettings(
-        steps=args.steps, batch_size=16, seq_len=0, learning_rate=1e-3, warmup_steps=20, checkpoint_every=50, seed=2
+        steps=args.steps,
+        batch_size=16,
+        seq_len=0,
+        learning_rate=args.learning_rate,
+        warmup_steps=20,
+        checkpoint_every=50,
+        seed=2,
     )
-    draft = layer_dropped_draft(target)
+    draft, deepened_from = layer_dropped_draft(target, args.layers), None
+    if args.deepen:
+        deepened_from = json.loads((args.deepen / "training.json").read_text())
+        shallower = trained_draft(target, args.deepen, deepened_from["shape"]["layers"])
+        draft = deepened_draft(shallower, target, args.layers)
     started = time.time()
     loss = distillation_loss(answers, kept, settings.batch_size, tokenizer.pad_token_id, target.config.vocab_size)
-    stats = train(f"smollm2-draft-{DRAFT_LAYERS}-layers", draft, settings, loss, args.work_dir)
+    stats = train(f"smollm2-draft-{args.layers}-layers", draft, settings, loss, args.work_dir)
     sampled = sum(a.sampled for a in answers)
     stats.update(
-        shape={"layers": DRAFT_LAYERS, "of_target_layers": target.config.num_hidden_layers},
+        shape={"layers": args.layers, "of_target_layers": target.config.num_hidden_layers},
+        deepened_from=deepened_from,
         head_tokens=len(kept),
-        head_coverage_of_training_answers=round(coverage(answers, kept), 4),
+        head_coverage_of_training_answers=round(share_in_head([a.answer_ids for a in answers], kept), 4),
         training_data={
             "answers": len(answers),
             "answer_tokens": answer_tokens,
