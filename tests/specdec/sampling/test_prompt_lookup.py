@@ -86,7 +86,7 @@ def test_bad_logits_in_the_lookup_pass_end_the_block_as_drafted(tiny_pair):
     session.prefill()
     job = DraftJob(session, 1, GREEDY, 0, lookup_tokens=4)
     job.take(7, [7])
-    lookup_pass = job.start_lookup(7)
+    lookup_pass = job.start_lookup([7])  # the last drafted token, no forced ones after it
     assert lookup_pass is not None
     run_forwards([lookup_pass])
     drafted = job.confirm_lookup(torch.full((len(job.lookup) + 1, model.vocab_size), float("nan")))
