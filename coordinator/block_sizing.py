@@ -18,6 +18,7 @@ from coordinator.round_blocks import LaneCall
 from coordinator.speculation_gate import CONTESTED_GAIN, CONTESTED_ROWS, SpeculationGate
 from coordinator.speculation_policy import (
     AcceptanceRate,
+    PassLoad,
     RoundTimes,
     affordable_guesses,
     choose_gamma,
@@ -105,9 +106,10 @@ class BlockSizer:
         """How many draft passes a pre-draft makes, at most max_steps, while a block of verified_tokens is verified:
         max_steps, or with adaptive γ only as many as end within the verification (coordinator/speculation_policy.py);
         own_rows: the lanes this request's last pre-draft fed, part of the drafter's measured batch."""
-        verify_load, draft_load = self.sessions.verify.load, self.sessions.draft.load
-        if self.acceptance is None or verify_load is None or draft_load is None:
+        loads = self._predraft_loads()
+        if loads is None:
             return max_steps
+        verify_load, draft_load = loads
         return predraft_steps(max_steps, verify_load.rows * verified_tokens, verify_load, draft_load, own_rows)
 
     def lane_call(
@@ -124,10 +126,18 @@ class BlockSizer:
     def guesses_that_fit(self, guesses: int, steps: int, verified_tokens: int) -> int:
         """How many of `guesses` pre-drafts of `steps` draft passes fit inside the verification of a block of
         verified_tokens (all of them without adaptive γ, or while a replica's costs are unknown)."""
+        loads = self._predraft_loads()
+        if loads is None:
+            return guesses
+        verify_load, draft_load = loads
+        return affordable_guesses(guesses, steps, verify_load.rows * verified_tokens, verify_load, draft_load)
+
+    def _predraft_loads(self) -> tuple[PassLoad, PassLoad] | None:
+        """Both replicas' measured costs when the policy sizes pre-drafts: with adaptive γ, once both are known."""
         verify_load, draft_load = self.sessions.verify.load, self.sessions.draft.load
         if self.acceptance is None or verify_load is None or draft_load is None:
-            return guesses
-        return affordable_guesses(guesses, steps, verify_load.rows * verified_tokens, verify_load, draft_load)
+            return None
+        return verify_load, draft_load
 
     def fresh_draft_pays(self, gamma: int) -> bool:
         """Whether a verdict that no pre-draft guessed should be followed by a block drafted afresh (else by a

@@ -24,11 +24,15 @@ class GenerationState:
         self.telemetry = telemetry
         self.metrics = telemetry.metrics
         self.committed: list[int] = list(plan.prompt_ids)
-        self.lanes = [
-            DraftLane(index, list(plan.prompt_ids), len(plan.prompt_ids)) for index in range(plan.draft_lanes)
-        ]
+        self.lanes = [DraftLane(index, [], 0) for index in range(plan.draft_lanes)]
+        self.lanes_on_committed()
         self.verdicts = VerdictHistory()  # which guesses this request's verdicts matched, to rank the next ones
         self.started_ns = time.perf_counter_ns()
+
+    def lanes_on_committed(self) -> None:
+        """Every draft lane as holding the committed tokens: what a draft session just opened on them holds."""
+        committed = self.committed
+        self.lanes[:] = [DraftLane(lane.index, list(committed), len(committed)) for lane in self.lanes]
 
     def elapsed_ns(self) -> int:
         """Time since the request started."""

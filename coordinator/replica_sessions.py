@@ -19,7 +19,6 @@ from google.protobuf.message import Message
 from opentelemetry.context import Context
 
 from coordinator.close_retry import retry_close_later
-from coordinator.draft_lanes import DraftLane
 from coordinator.generation_state import GenerationState
 from coordinator.replica_errors import replica_error
 from coordinator.replicas import Replica
@@ -106,8 +105,7 @@ class ReplicaSessions:
         it (a drafter that fails it turns the request plain); raises what the request itself got wrong there."""
         if self.draft is None:
             return
-        committed = self.state.committed
-        self.state.lanes[:] = [DraftLane(lane.index, list(committed), len(committed)) for lane in self.state.lanes]
+        self.state.lanes_on_committed()
         self._draft_opening = True
         with self.state.telemetry.stage("open_draft_session") as parent:
             draft_open = asyncio.ensure_future(self.without_draft_on_failure(self._open(self.draft, "draft", parent)))
@@ -242,8 +240,7 @@ class ReplicaSessions:
         finally:
             self._draft_move = None
         if arrived is not None:  # its lanes hold the committed tokens, which every later call syncs from
-            committed = self.state.committed
-            self.state.lanes[:] = [DraftLane(lane.index, list(committed), len(committed)) for lane in self.state.lanes]
+            self.state.lanes_on_committed()
             self._end_stream("draft", leaving)
             self.draft = self.draft_holding_session = arrived
 

@@ -70,6 +70,10 @@ class PassLoad:
         """A call to this replica spent `outside_ns` on the wire, queued, or in the coordinator."""
         self.call_overhead_ns += ROWS_SMOOTHING * (outside_ns - self.call_overhead_ns)
 
+    def call_ns(self, tokens: float) -> float:
+        """A call's predicted duration: one pass feeding `tokens` tokens, plus the time calls spend outside."""
+        return self.cost.predict_ns(tokens) + self.call_overhead_ns
+
 
 class AcceptanceRate:
     """The coordinator-wide α over recent rounds; the prior of every request's own estimate.
@@ -161,7 +165,7 @@ def round_ns(gamma: int, verify: PassLoad, draft: PassLoad | None, predraft_hit_
     blocks were pre-drafted.
     """
     rows = max(verify.rows, 1.0)
-    verify_ns = verify.cost.predict_ns(rows * (gamma + 1)) + verify.call_overhead_ns
+    verify_ns = verify.call_ns(rows * (gamma + 1))
     if gamma == 0 or draft is None:
         return verify_ns
     draft_ns = gamma * draft.cost.predict_ns(max(draft.rows, 1.0)) + draft.call_overhead_ns
@@ -253,7 +257,7 @@ def predraft_steps(
     the drafter's other sessions (its batch less own_rows, the rows this request's last pre-draft fed). A
     pre-draft that outlasts its verification delays the next round by the difference even when it guessed the
     verdict, so the blocks it hands over are as long as fits, not longer."""
-    verify_ns = verify.cost.predict_ns(verify_tokens) + verify.call_overhead_ns
+    verify_ns = verify.call_ns(verify_tokens)
     pass_ns = draft.cost.predict_ns(max(draft.rows - own_rows, 0.0) + 1.0)
     fitting = int((verify_ns - draft.call_overhead_ns) // max(pass_ns, 1.0))
     return max(1, min(max_steps, fitting))
@@ -266,7 +270,7 @@ def affordable_guesses(
     draft_steps batched passes with a row per guess besides the drafter's other sessions, is expected to end
     within the verify call it overlaps (a pass feeding verify_tokens tokens). Past that, guesses would delay
     the next round instead of hiding its draft."""
-    verify_ns = verify.cost.predict_ns(verify_tokens) + verify.call_overhead_ns
+    verify_ns = verify.call_ns(verify_tokens)
     for count in range(max_guesses, 1, -1):
         predraft_ns = draft_steps * draft.cost.predict_ns(max(draft.rows, float(count))) + draft.call_overhead_ns
         if predraft_ns <= verify_ns:
