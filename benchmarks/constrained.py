@@ -2,6 +2,7 @@
 
     python -m benchmarks.constrained            # embedded pair, 8 prompts x 3 runs, 96 new tokens at most
     python -m benchmarks.constrained --quick    # 2 prompts x 1 run x 24 tokens, report to a temp folder
+    python -m benchmarks.constrained --pair smollm2 --gamma 2 --out-dir benchmarks/results/smollm2
 
 One LocalStack (the draft service and the coordinator on one core, the verify service on another, as
 benchmarks/stack_runs.pinned_cores pins them), γ fixed (--no-adaptive-gamma), greedy. Per constraint three modes on
@@ -11,9 +12,10 @@ verifier). Three constraints: a JSON schema, every mode's code prompt followed b
 for a literal, as a user asks for JSON; the code-trained demo pair still writes JSON less alike than code, so α
 drops), a regex of indented Python lines on the code prompts, and like for like a regex that every output satisfies
 on the JSON run's prompts (constrained and unconstrained write the same tokens: the ratio is the machinery's cost).
-A mode's figure is tokens/s over its requests' summed wall time; the ratios are medians over runs. The mask cost is
-the verifier's sampler time per token (constrained minus unconstrained), and in process the time to compute one
-masked block row per token of the constrained outputs.
+With `--pair smollm2` the prompts are chat requests asking for a JSON object the schema fits (rendered by the pair's
+chat template; JSON schema and pass-through regex only). A mode's figure is tokens/s over its requests' summed wall
+time; the ratios are medians over runs. The mask cost is the verifier's sampler time per token (constrained minus
+unconstrained), and in process the time to compute one masked block row per token of the constrained outputs.
 Writes `constrained.json` to benchmarks/results/ (or --out-dir).
 """
 
@@ -25,6 +27,7 @@ import pathlib
 import statistics
 import time
 
+from benchmarks.pairs import PAIR_NAMES, model_pair
 from benchmarks.stack_runs import (
     RequestRun,
     environment,
@@ -37,7 +40,6 @@ from benchmarks.stack_runs import (
 )
 from specdec.client import Client
 from specdec.engine.cpu_affinity import pin_cpus
-from specdec.engine.embedded_pair import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
 from specdec.local_stack import LocalStack
 from specdec.sampling.constraints import ConstraintCompiler, ConstraintKind, ConstraintSpec
 from specdec.v1 import common_pb2
@@ -66,6 +68,17 @@ CONSTRAINTS = {  # name: (constraint, what every mode's prompts end with)
     # write the same tokens and the ratio is what the constraint's machinery costs, not the text
     "passthrough_regex": (ConstraintSpec(ConstraintKind.REGEX, PASSTHROUGH), "\nCONFIG = "),
 }
+CHAT_CONSTRAINTS = ("json_schema", "passthrough_regex")  # a chat pair's: its prompts ask for JSON, not for code
+JSON_SUBJECTS = (  # what a chat pair's prompts ask it to describe as JSON
+    "a command-line tool that resizes images",
+    "a small web server for static files",
+    "a weather app for phones",
+    "a note-taking app",
+    "a music player",
+    "a password manager",
+    "a chess engine",
+    "a backup service for laptops",
+)
 HEADLINE_CONSTRAINT = "json_schema"
 LIKE_FOR_LIKE_CONSTRAINT = "passthrough_regex"
 FLOORS = {"vs_unconstrained": 0.8, "vs_constrained_plain": 1.5}
@@ -74,6 +87,24 @@ DENOMINATORS = {"vs_unconstrained": "unconstrained", "vs_constrained_plain": "co
 
 def as_proto(spec: ConstraintSpec) -> common_pb2.Constraint:
     return common_pb2.Constraint(**{spec.kind.value: spec.source})
+
+
+def chat_json_prompts(tokenizer, count: int) -> list[str]:
+    """`count` chat requests (rendered by the pair's chat template) that ask for a JSON object the schema fits."""
+    return [
+        tokenizer.apply_chat_template(
+            [
+                {
+                    "role": "user",
+                    "content": f"Describe {subject} as a JSON object with its name, a version number, up to four "
+                    "tags, and options: debug (true or false) and level (low or high). Reply with the JSON only.",
+                }
+            ],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        for subject in (JSON_SUBJECTS * (count // len(JSON_SUBJECTS) + 1))[:count]
+    ]
 
 
 def run_interleaved(
@@ -176,27 +207,44 @@ def headline(results: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default=str(DEMO_TARGET_DIR))
-    parser.add_argument("--draft", default=str(DEMO_DRAFT_DIR))
+    parser.add_argument(
+        "--pair", choices=PAIR_NAMES, default="demo", help="demo (code prompts) or smollm2 (chat prompts asking JSON)"
+    )
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument(
+        "--constraints", default=None, help="the constraints to run, comma-separated (default: all the pair's)"
+    )
+    parser.add_argument(
+        "--adaptive-gamma", action="store_true", help="every mode under the coordinator's adaptive γ (γ the largest)"
+    )
     parser.add_argument("--quick", action="store_true", help="2 prompts x 1 run x 24 tokens, to a temp folder")
     parser.add_argument("--out-dir", type=pathlib.Path, default=None)
     args = parser.parse_args(argv)
     if args.quick:
         args.prompts, args.runs, args.max_new_tokens = 2, 1, 24
     out_dir = results_dir(args.out_dir, args.quick)
-    prompts = prompt_texts("code", args.prompts)
+    pair = model_pair(args.pair)
+    chat = pair.prompt_set == "chat"
+    names = args.constraints.split(",") if args.constraints else list(CHAT_CONSTRAINTS if chat else CONSTRAINTS)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(pair.draft)  # the pair's shared tokenizer (a GGUF target has none)
+    prompts = chat_json_prompts(tokenizer, args.prompts) if chat else prompt_texts("code", args.prompts)
     pins = pinned_cores(1)
     cpus = {name: ["--cpus", cores] for name, cores in pins.items()}
-    coordinator_args = ["--no-adaptive-gamma", *cpus.get("coordinator", [])]
+    coordinator_args = [
+        *pair.coordinator_flags,
+        *([] if args.adaptive_gamma else ["--no-adaptive-gamma"]),
+        *cpus.get("coordinator", []),
+    ]
     results = {}
     with (
         LocalStack(
-            args.target,
-            args.draft,
+            pair.target,
+            pair.draft,
             draft_args=["--threads", "1", *cpus.get("draft", [])],
             verify_args=["--threads", "1", *cpus.get("verify", [])],
             coordinator_args=coordinator_args,
@@ -205,11 +253,10 @@ def main(argv: list[str] | None = None) -> dict:
     ):
         if pins:
             pin_cpus(pins["coordinator"])
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(args.target)
         compiler = ConstraintCompiler(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
-        for name, (spec, suffix) in CONSTRAINTS.items():
+        for name in names:
+            spec, suffix = CONSTRAINTS[name]
+            suffix = "" if chat else suffix  # a chat prompt asks for the JSON itself
             asking = [prompt + suffix for prompt in prompts]
             run_interleaved(client, asking[:1], spec, args.gamma, args.max_new_tokens, 0)  # warm-up, unmeasured
             per_run = []
@@ -231,10 +278,12 @@ def main(argv: list[str] | None = None) -> dict:
         "benchmark": "constrained",
         "what": "greedy tokens/s of constrained speculative decoding against unconstrained speculative decoding and "
         "against constrained plain decoding (γ 0), through one stack, batch 1",
-        "headline": headline(results),
-        "target": args.target,
-        "draft": args.draft,
+        "headline": headline(results) if {HEADLINE_CONSTRAINT, LIKE_FOR_LIKE_CONSTRAINT} <= results.keys() else None,
+        "pair": pair.name,
+        "target": pair.target,
+        "draft": pair.draft,
         "gamma": args.gamma,
+        "gamma_policy": "adaptive" if args.adaptive_gamma else "fixed",
         "prompts": args.prompts,
         "runs": args.runs,
         "max_new_tokens": args.max_new_tokens,

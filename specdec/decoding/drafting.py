@@ -14,7 +14,7 @@ from specdec.sampling.draft_sampler import RowRequest, choose_rows
 from specdec.sampling.prompt_lookup import lookup_continuation
 from specdec.sampling.row_sampling import BAD_LOGITS_MESSAGES, BadLogits, bad_logits_codes, joined_rows
 from specdec.sampling.rules import NonFiniteLogitsError, SamplingParams
-from specdec.sampling.sequence_rules import SequenceRules
+from specdec.sampling.sequence_rules import SequenceRules, shape_step
 
 
 @dataclass(frozen=True)
@@ -132,16 +132,8 @@ def next_tokens(jobs: Sequence[DraftJob], logits: torch.Tensor) -> list[int | Ex
     """
     ended: dict[int, Exception | None] = {}  # rows whose rules end them: None at a dead end, else their error
     if any(job.rules is not None for job in jobs):
-        logits = logits.clone()
-        for row, job in enumerate(jobs):
-            try:
-                if job.rules is not None:
-                    shaped = job.rules.shape(logits[row : row + 1], job.session.tokens, len(job.session))
-                    logits[row] = shaped.logits[0]
-                    if shaped.dead_row is not None:
-                        ended[row] = None
-            except Exception as error:  # noqa: BLE001 - the constraint engine failed that job alone
-                ended[row] = error
+        shaped = shape_step([job.rules for job in jobs], logits, [job.session.tokens for job in jobs])
+        logits, ended = shaped.logits, shaped.ended
     requests = [RowRequest(job.params, len(job.session), job.num_alternatives) for job in jobs]
     tokens: list[int | Exception | None] = []
     for row, (job, choice) in enumerate(zip(jobs, choose_rows(logits, requests))):

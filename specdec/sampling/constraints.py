@@ -188,6 +188,7 @@ class ConstraintCursor:
         self.vocab_size = vocab_size
         self.tokens: list[int] = list(tokens)
         self.follows = True  # the last sync accepted every token it was given
+        self._row: torch.Tensor | None = None  # forced()'s bitmask row [1, ceil(V / 32)], allocated once
 
     def fork(self) -> ConstraintCursor:
         """An independent copy at the same tokens."""
@@ -221,7 +222,9 @@ class ConstraintCursor:
         them."""
         self.sync(generated)
         forced: list[int] = []
-        row = allowing_all(1, self.vocab_size)  # [1, ceil(V / 32)]
+        if self._row is None:
+            self._row = allowing_all(1, self.vocab_size)  # [1, ceil(V / 32)], reused from call to call
+        row = self._row
         while len(forced) < limit and self.follows and not self._matcher.is_terminated():
             self._matcher.fill_next_token_bitmask(row, 0)
             token = only_token(row.numpy()[0], self.vocab_size)
@@ -238,19 +241,32 @@ class ConstraintCursor:
         the first j drafted tokens (everything once they leave the grammar or it has ended with its stop token), and
         the first row that allows nothing (a dead end), or None. Leaves the matcher after the rows' tokens."""
         mask = allowing_all(rows, self.vocab_size)
-        words = mask.numpy()  # the same memory: numpy reads a row faster than a torch op
         self.sync(generated)
         for row in range(rows):
+            if not self._fill(mask, row):
+                return mask, row
             if not self.follows or self._matcher.is_terminated():
                 break
-            self._matcher.fill_next_token_bitmask(mask, row)
-            if not words[row].any():
-                return mask, row
             if row < len(drafted) and row + 1 < rows:
                 self.follows = self._matcher.accept_token(int(drafted[row]))
                 if self.follows:
                     self.tokens.append(int(drafted[row]))
         return mask, None
+
+    def fill_row(self, mask: torch.Tensor, row: int, generated: Sequence[int]) -> bool:
+        """Fills row `row` of a bitmask [n, ceil(V / 32)] that allows everything with what the constraint allows
+        after `generated` (one row of a step's shared mask: docs/architecture.md, "Constrained and penalised
+        decoding"); False at a dead end (no token allowed). Leaves the matcher after `generated`."""
+        self.sync(generated)
+        return self._fill(mask, row)
+
+    def _fill(self, mask: torch.Tensor, row: int) -> bool:
+        """Fills row `row` of `mask` where the matcher stands, left allowing everything once the tokens left the
+        grammar or it has ended; whether the row allows any token."""
+        if not self.follows or self._matcher.is_terminated():
+            return True
+        self._matcher.fill_next_token_bitmask(mask, row)
+        return bool(mask.numpy()[row].any())  # the same memory: numpy reads a row faster than a torch op
 
 
 def only_token(words: numpy.ndarray, vocab_size: int) -> int | None:

@@ -14,7 +14,13 @@ from dataclasses import dataclass
 import torch
 
 from specdec.common.errors import InvalidFieldError
-from specdec.sampling.constraints import ConstraintCompiler, ConstraintCursor, ConstraintSpec, apply_bitmask
+from specdec.sampling.constraints import (
+    ConstraintCompiler,
+    ConstraintCursor,
+    ConstraintSpec,
+    allowing_all,
+    apply_bitmask,
+)
 from specdec.sampling.penalties import apply_min_p, penalise_block
 from specdec.sampling.rules import SamplingParams
 
@@ -64,6 +70,46 @@ class SequenceRules:
             logits = logits.to(torch.float32, copy=True)  # masked in place
             apply_bitmask(logits, mask)
         return ShapedBlock(apply_min_p(logits, self.params), dead_row)
+
+
+@dataclass(frozen=True)
+class ShapedStep:
+    """One step's logits [K, V] after each row's rules, and the rows that end there: None at a dead end (the
+    constraint allows no token), else the error that failed that row alone."""
+
+    logits: torch.Tensor
+    ended: dict[int, Exception | None]
+
+
+def shape_step(
+    rules: Sequence[SequenceRules | None], logits: torch.Tensor, sequences: Sequence[Sequence[int]]
+) -> ShapedStep:
+    """The rules on one step's rows: row i of logits [K, V] predicts the token after sequences[i] under rules[i]
+    (None: no rules). Penalties and min_p row by row where a row asks for them; the constraints' masks filled into
+    one bitmask and applied to every row at once (docs/architecture.md, "Constrained and penalised decoding")."""
+    logits = logits.to(torch.float32, copy=True)  # [K, V], masked in place
+    mask, ended = None, {}
+    for row, (rule, tokens) in enumerate(zip(rules, sequences)):
+        if rule is None:
+            continue
+        try:
+            if rule.params.penalised:
+                logits[row] = penalise_block(
+                    logits[row : row + 1], tokens, rule.output_start, len(tokens), rule.params
+                )[0]
+            if rule.cursor is not None:
+                mask = allowing_all(len(rules), logits.shape[-1]) if mask is None else mask  # [K, ceil(V / 32)]
+                if not rule.cursor.fill_row(mask, row, tokens[rule.output_start :]):
+                    mask[row] = -1  # all allowed: the caller never samples it
+                    ended[row] = None
+        except Exception as error:  # noqa: BLE001 - the constraint engine failed that row alone
+            ended[row] = error
+    if mask is not None:
+        apply_bitmask(logits, mask)
+    for row, rule in enumerate(rules):
+        if rule is not None and rule.params.min_p > 0 and row not in ended:
+            logits[row] = apply_min_p(logits[row : row + 1], rule.params)[0]
+    return ShapedStep(logits, ended)
 
 
 def session_rules(

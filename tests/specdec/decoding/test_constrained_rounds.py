@@ -29,7 +29,7 @@ from specdec.engine.model_runtime import LoadedModel, ModelSettings
 from specdec.local_stack import REPO_ROOT
 from specdec.sampling.constraints import ConstraintCompiler, ConstraintKind, ConstraintSpec
 from specdec.sampling.rules import SamplingParams, SamplingRule
-from specdec.sampling.sequence_rules import session_rules
+from specdec.sampling.sequence_rules import session_rules, shape_step
 
 DEMO_TOKENIZER = REPO_ROOT / "models" / "demo-target"
 SCHEMAS = [
@@ -268,3 +268,35 @@ def test_forced_tokens_are_the_only_allowed_ones_and_take_no_pass(pair, compiler
             mask, _ = fresh.block_mask(drafted.token_ids[:end], [], 1)
             allowed = [t for t in range(compiler.vocab_size) if mask[0, t // 32] >> (t % 32) & 1]
             assert allowed == [drafted.token_ids[end]]
+
+
+def test_one_mask_for_a_steps_rows_equals_each_rows_own_rules(compiler):
+    """shape_step (a drafting step's rows under one bitmask) shapes every row as its own SequenceRules.shape does:
+    constraint rows, penalised and min_p rows with or without one, and rows without rules side by side."""
+    from transformers import AutoTokenizer
+
+    encode, vocab = AutoTokenizer.from_pretrained(DEMO_TOKENIZER), compiler.vocab_size
+    prompt = encode("data = ", add_special_tokens=False)["input_ids"]
+    json_spec = ConstraintSpec(ConstraintKind.JSON_SCHEMA, json.dumps(SCHEMAS[0]))
+    regex_spec = ConstraintSpec(ConstraintKind.REGEX, REGEX)
+    sampled = SamplingParams(temperature=1.0, seed=5, min_p=0.2, repetition_penalty=1.3, presence_penalty=0.5)
+    rows = [  # (params, constraint, output so far)
+        (SamplingParams(), json_spec, '{"name": "ab'),
+        (sampled, regex_spec, "cd1"),
+        (SamplingParams(), None, "x"),
+        (sampled, None, "y = y"),
+        (SamplingParams(), json_spec, ""),
+    ]
+    sequences = [prompt + encode(text, add_special_tokens=False)["input_ids"] for _, _, text in rows]
+    logits = torch.randn(len(rows), vocab, generator=torch.Generator().manual_seed(7))  # [K, V]
+    each = [session_rules(compiler, params, len(prompt), spec) for params, spec, _ in rows]
+    step = shape_step(
+        [session_rules(compiler, params, len(prompt), spec) for params, spec, _ in rows], logits, sequences
+    )
+    assert step.ended == {}
+    for row, (rules, tokens) in enumerate(zip(each, sequences)):
+        expected = logits[row : row + 1] if rules is None else rules.shape(logits[row : row + 1], tokens, len(tokens))
+        own = expected if isinstance(expected, torch.Tensor) else expected.logits
+        assert torch.equal(step.logits[row], own[0].float()), f"row {row}"
+    allowed = (step.logits > float("-inf")).sum(dim=-1).tolist()  # [K]
+    assert allowed[2] == vocab and 0 < allowed[0] < vocab and 0 < allowed[1] < vocab, allowed
