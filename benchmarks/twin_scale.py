@@ -17,9 +17,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import os
 import pathlib
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from benchmarks import twin_headline
@@ -28,6 +30,7 @@ from benchmarks.speedup import Progress
 from benchmarks.stack_runs import environment, pinned_cores, results_dir, write_json
 from benchmarks.twin import HEADLINE_PROFILE, pinned_here
 from benchmarks.twin_scale_plot import plot
+from benchmarks.twin_stack import cpu_seconds
 from load_tests.report import BASELINE, STACK
 from load_tests.sweep import Sweep, SweepConfig
 from specdec.engine.simulated.profiles import PROFILES, parse_twin_device
@@ -91,6 +94,42 @@ def start_stacks(config: ScaleConfig, device: str, pins: dict[str, str], progres
     return stack, ports
 
 
+class LevelWatch:
+    """Around each load level: every replica's metrics and the CPU time of every stack process and of this one."""
+
+    def __init__(self, ports: dict[str, int], pids: dict[str, int]):
+        self.metrics = ReplicaMetrics(ports)
+        self.pids = {**pids, "client": os.getpid()}
+
+    def probe(self, level) -> Callable[[], dict]:
+        """A load_tests LevelProbe: {"replicas": their metrics' differences, "cpu_s": per process, "wall_s"}."""
+        replicas = self.metrics.probe(level)
+        before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        started = time.perf_counter()
+
+        def finish() -> dict:
+            wall_s = time.perf_counter() - started
+            cpu_s = {name: round(cpu_seconds(pid) - before[name], 3) for name, pid in self.pids.items()}
+            return {"replicas": replicas(), "cpu_s": cpu_s, "wall_s": round(wall_s, 3)}
+
+        return finish
+
+
+def host_load(levels: list[dict], pins: dict[str, str], tokens: int) -> dict:
+    """Over some levels: how busy each pinned core group was (its processes' CPU seconds over the wall time, 1.0 =
+    one core's worth) and each process's CPU milliseconds a generated token."""
+    cpu_s = {name: sum(level["probe"]["cpu_s"][name] for level in levels) for name in levels[0]["probe"]["cpu_s"]}
+    wall_s = sum(level["probe"]["wall_s"] for level in levels)
+    groups: dict[str, float] = {}
+    for name, seconds in cpu_s.items():
+        cpus = pins.get(name.split("-")[0], pins.get("coordinator", "")) if pins else "unpinned"
+        groups[cpus] = groups.get(cpus, 0.0) + seconds
+    return {
+        "busy_cores_by_cpus": {cpus: round(seconds / wall_s, 3) for cpus, seconds in groups.items()},
+        "cpu_ms_per_token": {name: round(seconds * 1e3 / tokens, 4) for name, seconds in cpu_s.items() if seconds},
+    }
+
+
 def level_figures(level: dict) -> dict:
     latency = level["latency_ms"]
     return {
@@ -111,8 +150,9 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
 def placement(levels: list[dict], replicas: list[str]) -> dict:
     """A stack's replicas over some levels (its runs of one concurrency and mode): each one's sessions and
     batching, and how evenly the sessions spread per kind."""
+    counted = levels[0]["probe"]["replicas"][replicas[0]]
     per_replica = {
-        name: figures({key: sum(level["probe"][name][key] for level in levels) for key in levels[0]["probe"][name]})
+        name: figures({key: sum(level["probe"]["replicas"][name][key] for level in levels) for key in counted})
         for name in replicas
     }
     kinds = {kind: [n for n in replicas if n.split("-")[0] == kind] for kind in ("draft", "verify")}
@@ -122,7 +162,7 @@ def placement(levels: list[dict], replicas: list[str]) -> dict:
     }
 
 
-def summarize(swept: list[dict], stack_replicas: dict[str, list[str]]) -> dict:
+def summarize(swept: list[dict], stack_replicas: dict[str, list[str]], pins: dict[str, str]) -> dict:
     """'c<N>' -> stack (1x1, the scaled one) -> mode -> medians over the runs and the placement, with spec/plain
     and scaled/1x1 ratios."""
     out: dict = {}
@@ -139,6 +179,7 @@ def summarize(swept: list[dict], stack_replicas: dict[str, list[str]]) -> dict:
             "errors": sum(f["errors"] for f in every),
             "acceptance_rate": every[0]["acceptance_rate"],
             "placement": placement(runs, stack_replicas[stack]),
+            "host": host_load(runs, pins, sum(level["output_tokens"] for level in runs)),
         }
     for stacks in out.values():
         for modes in stacks.values():
@@ -181,7 +222,8 @@ def headline(levels: dict, scaled: str, profile: str) -> dict:
 
 def run_sweeps(config: ScaleConfig, stack: LocalStack, ports: dict[str, int], gamma: int, progress) -> list[dict]:
     """Every level on both coordinators (one load-test sweep a concurrency, `waves` x concurrency requests a level),
-    each replica's metrics probed around each level; the levels of every sweep."""
+    each replica's metrics and every process's CPU time probed around each level; the levels of every sweep."""
+    pids = {name: service.process.pid for name, service in stack.services.items()}
     levels = []
     for concurrency in config.concurrency:
         sweep_config = SweepConfig(
@@ -201,7 +243,7 @@ def run_sweeps(config: ScaleConfig, stack: LocalStack, ports: dict[str, int], ga
             sweep_config,
             log=progress,
             baseline_address=stack.services[SINGLE].address,
-            level_probe=ReplicaMetrics(ports).probe,
+            level_probe=LevelWatch(ports, pids).probe,
         )
         levels.extend(asyncio.run(sweep.run())["levels"])
     return levels
@@ -226,7 +268,7 @@ def run(config: ScaleConfig, progress: Progress) -> dict:
     }
     levels = {
         label: {scaled if side == STACK else "1x1": modes for side, modes in sides.items()}
-        for label, sides in summarize(swept, stack_replicas).items()
+        for label, sides in summarize(swept, stack_replicas, pins).items()
     }
     return {
         "schema_version": SCHEMA_VERSION,
@@ -299,11 +341,12 @@ def summary(report: dict) -> str:
     for label, stacks in report["levels"].items():
         for stack, modes in stacks.items():
             spread_of = modes["spec"]["placement"]["session_spread"]
+            busy = modes["spec"]["host"]["busy_cores_by_cpus"]
             spec, plain = modes["spec"]["tokens_per_s"], modes["plain"]["tokens_per_s"]
             lines.append(
                 f"  {label} {stack}: spec {spec:.0f}, plain {plain:.0f} ({modes['spec_vs_plain']['throughput']}x);"
                 f" session spread draft {spread_of['draft']},"
-                f" verify {spread_of['verify']}"
+                f" verify {spread_of['verify']}; spec's busy cores by cpus {busy}"
             )
     for key, item in report["headline"].items():
         if isinstance(item, dict) and "ratio" in item:

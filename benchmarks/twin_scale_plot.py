@@ -1,8 +1,8 @@
 """twin_scale.png: the scale run at a glance, every panel labelled simulated.
 
-Top left, tokens/s against concurrency for the scaled stack and 1 x 1, speculative and plain; top right, time to
-first token p50 and p99 (speculative) on both; bottom left, sessions each replica of the scaled stack took
-(speculative); bottom right, calls a model step batched on each replica, scaled stack against 1 x 1.
+Top row: tokens/s against concurrency for the scaled stack and 1 x 1, speculative and plain; time to first token
+p50 and p99 (speculative) on both; how busy each pinned core group was. Bottom row: sessions each replica of the
+scaled stack took (speculative); calls a model step batched on each replica, scaled stack against 1 x 1.
 """
 
 from __future__ import annotations
@@ -33,13 +33,35 @@ def _replica_bars(axis, levels: dict, stack: str, field: str, offset: float, wid
             axis.bar(x, value, width * 0.9, color=f"C{slot}", label=label_of(name) if index == 0 else None)
 
 
+def _busy_bars(axis, levels: dict, labels: list[str], scaled_name: str) -> None:
+    """Cores' worth of CPU each pinned core group used, per level, stack and mode."""
+    runs = [(stack, mode) for stack in ("1x1", scaled_name) for mode in STYLES]
+    groups = sorted(
+        {cpus for stacks in levels.values() for cpus in stacks["1x1"]["spec"]["host"]["busy_cores_by_cpus"]}
+    )
+    width = 0.8 / (len(runs) * len(groups))
+    for index, label in enumerate(labels):
+        for slot, ((stack, mode), cpus) in enumerate((run, cpus) for run in runs for cpus in groups):
+            value = levels[label][stack][mode]["host"]["busy_cores_by_cpus"].get(cpus, 0.0)
+            x = index - 0.4 + slot * width
+            name = f"{stack} {mode}, cpus {cpus}"
+            axis.bar(x, value, width * 0.9, color=f"C{slot}", label=name if index == 0 else None)
+    axis.axhline(1.0, color="k", linewidth=0.8)
+    axis.set_xticks(range(len(labels)), labels)
+    axis.set_title("busy cores by pinned group (1.0 = one core; simulated)")
+    axis.set_ylabel("CPU seconds / wall second")
+    axis.legend(fontsize=7, ncol=2)
+
+
 def plot(report: dict, path: pathlib.Path) -> pathlib.Path:
     levels = report["levels"]
     scaled = report["config"]["draft_replicas"], report["config"]["verify_replicas"]
     scaled_name = f"{scaled[0]}x{scaled[1]}"
     values = sorted(int(label[1:]) for label in levels)
     labels = [f"c{v}" for v in values]
-    figure, ((throughput, ttft), (sessions, batching)) = plt.subplots(2, 2, figsize=(14, 10))
+    figure, ((throughput, ttft, busy), (sessions, batching, unused)) = plt.subplots(2, 3, figsize=(20, 10))
+    figure.delaxes(unused)
+    _busy_bars(busy, levels, labels, scaled_name)
     for stack, color in ((scaled_name, "C0"), ("1x1", "C3")):
         for mode, style in STYLES.items():
             throughput.plot(
