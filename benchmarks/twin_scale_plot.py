@@ -105,7 +105,7 @@ def plot(report: dict, path: pathlib.Path) -> pathlib.Path:
     batching.set_ylabel("calls per step")
     for axis in (sessions, batching):
         axis.set_xticks(range(len(labels)), labels)
-        axis.legend(fontsize=7, ncol=2, loc="lower right")
+        axis.legend(fontsize=7, ncol=2, loc="upper left")
     figure.suptitle(f"{report['label']}\n{report['device']}", fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
