@@ -50,6 +50,9 @@ from specdec.v1 import common_pb2, coordinator_pb2_grpc
 
 MODES = ("spec", "plain")
 Sender = Callable[..., Awaitable[RequestResult]]  # (request, index, level start) -> its result
+# Called as a level starts; what it returns is called as the level ends, and its dict goes into the level's
+# summary as "probe" (e.g. the replicas' metrics over the level).
+LevelProbe = Callable[["LevelPlan"], Callable[[], dict]]
 APIS = ("grpc", "openai")
 
 
@@ -178,6 +181,7 @@ class Sweep:
         config: SweepConfig,
         log: Callable[[str], None] = print,
         baseline_address: str | Endpoint | None = None,
+        level_probe: LevelProbe | None = None,
     ):
         if bool(config.baseline) != (baseline_address is not None):
             raise ValueError("a baseline stack needs both config.baseline and baseline_address")
@@ -185,6 +189,7 @@ class Sweep:
         self.endpoints = {stack: e if isinstance(e, Endpoint) else Endpoint(e) for stack, e in endpoints.items()}
         self.config = config
         self.log = log
+        self.level_probe = level_probe
         self.run_id = uuid.uuid4().hex[:8]
 
     def _gamma(self, mode: str) -> int | None:
@@ -298,6 +303,7 @@ class Sweep:
             self.log(f"{len(plan)} levels, prompt pool {pool} per set")
             levels, requests = [], []
             for level in plan:
+                probed = self.level_probe(level) if self.level_probe else None
                 outcome = await self._run_level(senders[level.stack], level, prompts[level.prompt_set])
                 identity = {
                     "level_id": level.level_id,
@@ -312,6 +318,8 @@ class Sweep:
                     "num_speculative_tokens": 0 if level.mode == "plain" else gammas[level.stack],
                 }
                 summary = summarize_level(identity, outcome.results, outcome.wall_s, outcome.stopped_by)
+                if probed is not None:
+                    summary["probe"] = probed()
                 levels.append(summary)
                 requests.extend(
                     request_record(level.level_id, r) for r in sorted(outcome.results, key=lambda r: r.index)

@@ -115,6 +115,7 @@ class LocalStack:
     tokenizer: str = ""  # the coordinator's --tokenizer ("": the target)
     draft_replicas: int = 1
     verify_replicas: int = 1
+    replica_args: dict[str, Sequence[str]] = field(default_factory=dict)  # replica name -> its own extra flags
 
     def replica_names(self, kind: str) -> list[str]:
         """`draft`, `draft-2`, ... (or `verify`, ...): the names of a kind's replicas."""
@@ -124,10 +125,14 @@ class LocalStack:
     def start(self) -> LocalStack:
         """Starts the replicas side by side (importing torch dominates their start-up), then the coordinator."""
         replicas = {
-            name: ("draft_service", ["--model", self.draft, *self.draft_args]) for name in self.replica_names("draft")
+            name: ("draft_service", ["--model", self.draft, *self.draft_args, *self.replica_args.get(name, ())])
+            for name in self.replica_names("draft")
         }
         for name in self.replica_names("verify"):
-            replicas[name] = ("verify_service", ["--model", self.target, *self.verify_args])
+            replicas[name] = (
+                "verify_service",
+                ["--model", self.target, *self.verify_args, *self.replica_args.get(name, ())],
+            )
         try:
             self.start_together(replicas)
             self.start_coordinator("coordinator", *self.coordinator_args)
@@ -152,10 +157,12 @@ class LocalStack:
         for future in started.values():
             future.result()
 
-    def wiring(self) -> list[str]:
-        """Coordinator flags naming this stack's tokenizer (the target's) and its draft and verify replicas."""
+    def wiring(self, draft_replicas: int | None = None, verify_replicas: int | None = None) -> list[str]:
+        """Coordinator flags naming this stack's tokenizer (the target's) and its draft and verify replicas (all, or
+        the first `draft_replicas` and `verify_replicas` of them)."""
+        counts = {"draft": draft_replicas, "verify": verify_replicas}
         drafts, verifies = (
-            ",".join(self.services[n].address for n in self.replica_names(k)) for k in ("draft", "verify")
+            ",".join(self.services[n].address for n in self.replica_names(k)[: counts[k]]) for k in ("draft", "verify")
         )
         return ["--tokenizer", self.tokenizer or self.target, "--draft-replicas", drafts, "--verify-replicas", verifies]
 
