@@ -91,6 +91,8 @@ async def build_servicer(
     replica_credentials: TLS to the replicas (None: plaintext)."""
     if not 0 <= settings.predraft_guesses <= MAX_RANKED_ALTERNATIVES:
         raise ValueError(f"predraft_guesses must be in [0, {MAX_RANKED_ALTERNATIVES}], got {settings.predraft_guesses}")
+    if settings.predraft_max_batch < 0:
+        raise ValueError(f"predraft_max_batch must be >= 0, got {settings.predraft_max_batch}")
     tokenizer_dir = resolve_model(tokenizer_source(settings.tokenizer), settings.gguf_file)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     security = dict(

@@ -91,6 +91,14 @@ class BlockSizer:
         """The size of a γ block that starts after tokens_before more commits: never draft past the budget."""
         return max(0, min(gamma, self.state.remaining - tokens_before - 1))
 
+    def predrafts(self) -> bool:
+        """Whether a block is pre-drafted while the one before it is verified: below the verifier batch the plan
+        sets (while its batch is unknown, yes). At batching loads the guesses' rows fill the drafter's passes and
+        delay every session's drafts more than their hits save (docs/architecture.md, "Pre-drafting under
+        load")."""
+        limit, load = self.state.plan.predraft_max_batch, self.sessions.verify.load
+        return not limit or load is None or load.rows < limit
+
     def lookup_pass(self) -> int:
         """Draft passes a block spends on lookup tokens when it takes them: 1 for greedy requests that do, else 0."""
         return int(self.state.plan.lookup_tokens > 0 and self.state.plan.params.greedy)

@@ -55,6 +55,8 @@ class Predrafter:
         gamma = self.sizing.gamma() if self.sessions.draft is not None else 0
         if gamma == 0:
             return self._chain_plain_step(block, round_span)
+        if not self.sizing.predrafts():
+            return None
         candidates = guesses(block.token_ids, block.alternatives, plan.ranked_alternatives)
         ranked = state.verdicts.rank(candidates)[: len(state.lanes)]
         verified_tokens = len(block.token_ids) + 1

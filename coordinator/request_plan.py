@@ -24,6 +24,7 @@ class GenerationPlan:
     draft_method: int  # common_pb2.DraftMethod
     overlap: bool
     predraft_guesses: int = 2  # overlapped mode: rejection guesses per block position (0: only "all accepted")
+    predraft_max_batch: float = 0.0  # overlapped mode: pre-draft only below this verifier batch (0: always)
     chain_rounds: bool = True  # overlapped mode: pre-drafted blocks go to the verifier as drafted (VerifyNext)
     lookup_tokens: int = (
         0  # greedy: lookup tokens a block may try after its drafted ones (specdec/sampling/prompt_lookup.py)

@@ -75,6 +75,12 @@ class CoordinatorSettings(
         "each pre-drafted on its own draft lane (0: only 'all accepted'; fewer when "
         "the measured costs say they would not fit inside the verification)",
     )
+    predraft_max_batch: float = setting(
+        4.0,
+        "overlapped mode: pre-draft the next block only while the verifier's passes hold fewer than this many "
+        "sessions on average (0: at any batch); from there on each block is drafted after its verdict, since the "
+        "guesses' draft rows would delay every session's drafts more than their hits save",
+    )
     adaptive_gamma: bool = setting(
         True,
         "pick each round's γ within [0, the request's γ] from the request's live "

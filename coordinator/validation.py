@@ -91,6 +91,7 @@ def plan_request(
         chain_rounds=settings.chain_rounds,
         call_streams=settings.call_streams,
         predraft_guesses=settings.predraft_guesses,
+        predraft_max_batch=settings.predraft_max_batch,
         lookup_tokens=min(settings.lookup_tokens, max(0, settings.max_num_speculative_tokens - gamma - 1)),
         forced_tokens=max(0, settings.max_num_speculative_tokens - gamma) if constraint is not None else 0,
         top_logprobs=checked_top_logprobs(request.logprobs, request.top_logprobs),

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+from coordinator.block_sizing import BlockSizer
 from coordinator.draft_lanes import DraftLane
+from coordinator.request_plan import GenerationPlan
 from coordinator.speculation_policy import PassLoad, affordable_guesses, predraft_steps
 from coordinator.verdict_guesses import Guess, VerdictHistory, assign_lanes, guesses
 from specdec.engine.step_cost import StepCost
+from specdec.sampling.rules import SamplingParams
 
 BLOCK = [11, 12, 13]
 ALTERNATIVES = [[21, 31], [22, 32], [23]]  # per position, the draft's next most likely other tokens
@@ -97,3 +102,16 @@ def test_all_accepted_keeps_the_blocks_lane_and_every_guess_gets_a_lane_of_its_o
     # The history ranked "all accepted" out: the block's lane serves a rejection guess too.
     without = assign_lanes([Guess(0, 21), Guess(1, 22), Guess(2, 23), Guess(0, 31)], lanes, block_lane=1)
     assert [(guess.next_token, lane.index) for guess, lane in without] == [(21, 0), (22, 2), (23, 1)]
+
+
+def _sizer(predraft_max_batch: float, verify_rows: float | None) -> BlockSizer:
+    plan = GenerationPlan("r", [1, 2], 16, SamplingParams(), 4, 0, True, predraft_max_batch=predraft_max_batch)
+    verify = SimpleNamespace(load=None if verify_rows is None else _load(14, 0.01, verify_rows))
+    return BlockSizer(SimpleNamespace(plan=plan), SimpleNamespace(verify=verify))
+
+
+def test_blocks_are_predrafted_only_below_the_verifier_batch_the_plan_sets():
+    assert _sizer(4, 1).predrafts() and _sizer(4, 3.9).predrafts()
+    assert not _sizer(4, 4).predrafts() and not _sizer(4, 16).predrafts()  # batching: drafted after the verdict
+    assert _sizer(4, None).predrafts()  # the verifier's batch not measured yet
+    assert _sizer(0, 64).predrafts()  # 0: at any batch
