@@ -101,7 +101,9 @@ def test_eight_concurrent_greedy_requests_with_overlap_and_predrafting_are_token
     target_dir, draft_dir = long_pair_dirs
     batch = prompts(8, seed=8)
     with (
-        LocalStack(str(target_dir), str(draft_dir), coordinator_args=["--no-adaptive-gamma"]) as stack,
+        LocalStack(
+            str(target_dir), str(draft_dir), coordinator_args=["--no-adaptive-gamma", "--predraft-max-batch", "0"]
+        ) as stack,
         Client(stack.address, timeout_s=120) as client,
         ThreadPoolExecutor(len(batch)) as pool,
     ):
