@@ -133,7 +133,10 @@ def test_logprobs_and_top_logprobs_are_the_targets_in_both_apis(client, front):
         grpc_reply = grpc_client.generate(
             messages=CHAT, max_new_tokens=10, temperature=0, logprobs=True, top_logprobs=3
         )
-    assert [lp.logprob for lp in grpc_reply.logprobs] == pytest.approx([e.logprob for e in content], abs=1e-6)
+    # The same tokens; their log-probabilities may come from passes of other shapes (a block's length follows the
+    # pre-draft's hit or miss), which round float32 sums differently in the last bits: a few ulps, not 1e-6 apart.
+    assert [lp.logprob for lp in grpc_reply.logprobs] == pytest.approx([e.logprob for e in content], abs=1e-5)
+    assert grpc_reply.text == reply.choices[0].message.content
 
     streamed = client.completions.create(
         model=MODEL, prompt="w3 w4 w5", max_tokens=6, temperature=0, logprobs=2, stream=True
