@@ -15,7 +15,7 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from load_tests.prompts import load_prompt_set
@@ -159,3 +159,11 @@ def pinned_cores(threads: int) -> dict[str, str]:
 def write_json(path: pathlib.Path, report: dict) -> None:
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {path}", flush=True)
+
+
+def write_report_and_png(path: pathlib.Path, report: dict, plot: Callable[[dict, pathlib.Path], pathlib.Path]) -> None:
+    """Writes the report, then its plot beside it (same name, .png), then the report again with the plot's path in
+    `png`: the figures are on disk even if plotting fails."""
+    write_json(path, report)
+    report["png"] = str(plot(report, path.with_suffix(".png")))
+    write_json(path, report)

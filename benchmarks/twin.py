@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from benchmarks import twin_headline
 from benchmarks.prompt_ids import benchmark_prompts
 from benchmarks.speedup import Progress
-from benchmarks.stack_runs import environment, pinned_cores, results_dir, write_json
+from benchmarks.stack_runs import environment, pinned_cores, results_dir, write_report_and_png
 from benchmarks.twin_delay import measure_injected_delay
 from benchmarks.twin_plot import plot
 from benchmarks.twin_stack import ModeRuns, run_concurrency_1, start_twin_stack
@@ -321,9 +321,7 @@ def main(argv: list[str] | None = None) -> dict:
         "config": {**dataclasses.asdict(config), "cpus": pins or None},
         "environment": environment(wall_s=round(time.perf_counter() - started, 1)),
     }
-    write_json(path, report)
-    report["png"] = str(plot(report, out_dir / "twin.png"))
-    write_json(path, report)
+    write_report_and_png(path, report, plot)
     progress(summary(report))
     return report
 

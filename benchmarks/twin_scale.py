@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from benchmarks import twin_headline
 from benchmarks.replica_metrics import ReplicaMetrics, figures, spread
 from benchmarks.speedup import Progress
-from benchmarks.stack_runs import environment, pinned_cores, results_dir, write_json
+from benchmarks.stack_runs import environment, pinned_cores, results_dir, write_report_and_png
 from benchmarks.twin import HEADLINE_PROFILE, pinned_here
 from benchmarks.twin_scale_plot import plot
 from benchmarks.twin_stack import cpu_seconds
@@ -329,9 +329,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = run(config, progress)
     report["environment"] = environment(wall_s=round(time.perf_counter() - started, 1))
     path = out_dir / "twin_scale.json"
-    write_json(path, report)
-    report["png"] = str(plot(report, out_dir / "twin_scale.png"))
-    write_json(path, report)
+    write_report_and_png(path, report, plot)
     progress(summary(report))
     return report
 
