@@ -1,13 +1,13 @@
 """A CPU model's linear layers through oneDNN, each weight reordered once at load time.
 
-For the row counts serving produces (a draft step over a batch of sessions, a verify block of γ+1 positions),
-torch's default fp32 GEMM (MKL) runs small products well below the core's rate, and oneDNN with a prepacked weight
-computes the same products faster: the demo target's 256 -> 8192 head, 1 thread, 5 rows 2.8 -> 0.75 ms; its 24
-decoder layers' 168 linears, weights streamed from memory, 5 rows 13.5 -> 7.8 ms. At one row oneDNN's fixed cost
-per call (~17 µs) outweighs its gain on the narrow decoder linears, so those keep the default kernel there; the
-head, wide enough, runs on oneDNN at every row count. The summation order differs, so logits can differ from the
-default kernel's in the last bits (as they do between row counts with either kernel). Each converted layer holds
-its weight twice: the parameter, and oneDNN's layout of it.
+For the row counts serving produces (a plain step of one position, a draft step over a batch of sessions, a verify
+block of γ+1 positions), torch's default fp32 kernels (MKL) run small products below the core's rate, and oneDNN
+with a prepacked weight computes the same products faster: the demo target's 256 -> 8192 head, 1 thread, 5 rows
+2.8 -> 0.75 ms; its 24 decoder layers' 168 linears, weights streamed from memory, 5 rows 13.5 -> 7.8 ms. At one row
+too, where a whole pass streams its weights from memory: a one-position pass of the demo target 9.8 -> 8.2 ms, of
+SmolLM2-135M 34.6 -> 25.4 ms (docs/results.md, "Kernels"). So every linear runs on oneDNN at every row count. The
+summation order differs, so logits can differ from the default kernel's in the last bits (as they do between row
+counts with either kernel). Each converted layer holds its weight twice: the parameter, and oneDNN's layout of it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 log = logging.getLogger(__name__)
@@ -28,35 +27,30 @@ def onednn_available() -> bool:
 
 class OneDnnLinear(nn.Linear):
     """An fp32 nn.Linear on CPU computed by oneDNN from a reordered copy of its weight, taken when it was
-    converted (serving weights do not change), for inputs of at least `min_rows` rows; fewer take the default
-    kernel. Parameters and state_dict stay those of the nn.Linear."""
+    converted (serving weights do not change). Parameters and state_dict stay those of the nn.Linear."""
 
     packed_weight: torch.Tensor  # oneDNN's layout of weight [out_features, in_features]
-    min_rows: int
 
     @classmethod
-    def convert(cls, linear: nn.Linear, min_rows: int = 1) -> OneDnnLinear:
+    def convert(cls, linear: nn.Linear) -> OneDnnLinear:
         """Turns `linear` itself into a OneDnnLinear (its weight may be tied to other modules)."""
         linear.__class__ = cls
         linear.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
-        linear.min_rows = min_rows
         return linear
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., in_features] -> [..., out_features], as nn.Linear computes it."""
-        if hidden.numel() < self.min_rows * self.in_features:
-            return F.linear(hidden, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(hidden, self.packed_weight, self.bias, "none", [], "")
 
     def revert(self) -> None:
         """Turns this layer back into an nn.Linear, dropping oneDNN's copy of its weight."""
-        del self.packed_weight, self.min_rows
+        del self.packed_weight
         self.__class__ = nn.Linear
 
 
 def use_onednn_linears(model: nn.Module) -> int:
-    """Runs a CPU float32 model's LM head (its output embeddings) on oneDNN, and its other nn.Linear layers for
-    two rows and more; returns how many layers it converted (0: another device or dtype, or no oneDNN)."""
+    """Runs a CPU float32 model's LM head (its output embeddings) and its other nn.Linear layers on oneDNN; returns
+    how many layers it converted (0: another device or dtype, or no oneDNN)."""
     head = model.get_output_embeddings()
     if (
         not onednn_available()
@@ -68,7 +62,7 @@ def use_onednn_linears(model: nn.Module) -> int:
     OneDnnLinear.convert(head)
     others = [layer for layer in model.modules() if type(layer) is nn.Linear and layer.weight.dtype == torch.float32]
     for linear in others:
-        OneDnnLinear.convert(linear, min_rows=2)
+        OneDnnLinear.convert(linear)
     log.info("LM head (%d -> %d) and %d other linears on oneDNN", head.in_features, head.out_features, len(others))
     return 1 + len(others)
 

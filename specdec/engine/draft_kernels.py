@@ -19,7 +19,6 @@ import logging
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 
@@ -31,8 +30,8 @@ QKV, GATE_UP = "fused_qkv", "fused_gate_up"  # the attributes the fused products
 
 
 class FusedLinear:
-    """Bias-free or all-biased nn.Linear layers over one input as one product, on oneDNN from two rows, on the
-    default kernel for one (as the decoder's linears run, specdec/engine/cpu_linears.py).
+    """Bias-free or all-biased nn.Linear layers over one input as one product, on oneDNN (as the decoder's linears
+    run, specdec/engine/cpu_linears.py).
 
     - the layers' weights are stacked into one tensor and each layer's parameter becomes a view of its rows, so the
       model holds them once, plus oneDNN's layout of the stack (serving weights do not change);
@@ -51,10 +50,7 @@ class FusedLinear:
 
     def __call__(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """hidden [..., in_features] -> each layer's output [..., out_features_i] (views of one product)."""
-        if hidden.numel() < 2 * self.weight.shape[1]:
-            product = F.linear(hidden, self.weight, self.bias)
-        else:
-            product = torch.ops.mkldnn._linear_pointwise(hidden, self.packed_weight, self.bias, "none", [], "")
+        product = torch.ops.mkldnn._linear_pointwise(hidden, self.packed_weight, self.bias, "none", [], "")
         return product.split(self.sizes, dim=-1)
 
     @staticmethod

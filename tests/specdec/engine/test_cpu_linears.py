@@ -26,17 +26,6 @@ def test_onednn_linears_give_nn_linear_logits(rows):
     assert torch.equal(got.argmax(-1), expected.argmax(-1))
 
 
-def test_decoder_linears_keep_the_default_kernel_for_one_row_and_the_head_does_not():
-    model = tiny_llama(vocab_size=128, hidden=32, layers=1, seed=6)
-    use_onednn_linears(model)
-    proj, head = model.model.layers[0].self_attn.q_proj, model.lm_head
-    one_row, two_rows = torch.randn(1, 1, 32), torch.randn(1, 2, 32)
-    with torch.inference_mode():
-        assert torch.equal(proj(one_row), torch.nn.functional.linear(one_row, proj.weight))
-        torch.testing.assert_close(proj(two_rows), torch.nn.functional.linear(two_rows, proj.weight))
-    assert (proj.min_rows, head.min_rows) == (2, 1)
-
-
 def test_the_layers_keep_their_parameters_and_state_dict_and_can_drop_the_copies():
     model = tiny_llama(vocab_size=128, hidden=32, layers=1, seed=4)
     weight, keys = model.lm_head.weight, set(model.state_dict())
