@@ -1,9 +1,10 @@
-"""The target's own answers to the training side's chat prompts, with its top-k log-probabilities at each step.
+"""The target's own answers to chat prompts, with its top-k log-probabilities at each step.
 
-Prompts (load_tests/chat_prompts.py, training side) are rendered by the target's chat template and answered in
-batches of similar lengths (left-padded); two batches in three greedy, one sampled at temperature 1, up to the
-end of the answer or a token budget. Each batch is saved as a file of its own as soon as it is done, so a run
-stopped at its time limit resumes where it stopped (runs stay short on shared cores).
+Prompts (load_tests/chat_prompts.py's training side, or user turns the target wrote: self_prompts.py) are rendered
+by the target's chat template and answered in batches of similar lengths (left-padded); two batches in three
+greedy, one sampled at temperature 1, up to the end of the answer or a token budget. Each batch is saved as a file
+of its own as soon as it is done, so a run stopped at its time limit resumes where it stopped (runs stay short on
+shared cores).
 """
 
 from __future__ import annotations
@@ -37,6 +38,14 @@ def rendered_prompts(tokenizer: PreTrainedTokenizerBase, seed: int) -> list[list
     prompts = all_chat_prompts(held_out=False)
     random.Random(seed).shuffle(prompts)
     return [_ids(tokenizer.apply_chat_template(chat_messages(p), add_generation_prompt=True)) for p in prompts]
+
+
+def rendered_messages(tokenizer: PreTrainedTokenizerBase, messages: list[str]) -> list[list[int]]:
+    """User messages, each as a conversation of one, as the template's token ids."""
+    return [
+        _ids(tokenizer.apply_chat_template([{"role": "user", "content": m}], add_generation_prompt=True))
+        for m in messages
+    ]
 
 
 def _ids(encoded) -> list[int]:
@@ -83,16 +92,16 @@ def answer_batch(
 def generate_chat_answers(
     target: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
+    prompts: list[list[int]],
     out_dir: pathlib.Path,
     batch_size: int,
     new_tokens: int,
     seed: int,
     max_minutes: float,
 ) -> int:
-    """Answers every training prompt, batch by batch into out_dir/batch-NNNN.pt, skipping batches already there;
-    stops after max_minutes. Returns the batches still to do."""
+    """Answers every prompt (template ids), batch by batch into out_dir/batch-NNNN.pt, skipping batches already
+    there; stops after max_minutes. Returns the batches still to do."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    prompts = rendered_prompts(tokenizer, seed)
     chunks = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
     torch.manual_seed(seed)
     started = time.time()

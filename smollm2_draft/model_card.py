@@ -4,24 +4,39 @@ from __future__ import annotations
 
 import pathlib
 
+SELF_WRITTEN_MINUTES = "; ~35 min for the self-written prompts and their answers"
+
 
 def training_lines(training: dict) -> list[str]:
     """The card's training section: data, loss, and each run (a deepened draft's shallower run first)."""
     data, shape, earlier = training["training_data"], training["shape"], training.get("deepened_from")
     runs = [earlier, training] if earlier else [training]
-    if earlier:
+    if earlier and earlier["shape"]["layers"] < shape["layers"]:
         start = (
             f"first as the target cut to its first {earlier['shape']['layers']} layers, then deepened by the "
             f"target's next {shape['layers'] - earlier['shape']['layers']} with their attention output and MLP down "
             "projections zeroed (so it starts computing what the shallower draft does) and distilled on"
         )
+    elif earlier:
+        start = (
+            f"first as the target cut to its first {shape['layers']} layers on the template prompts' answers, then "
+            "distilled on from there with the answers to self-written prompts added"
+        )
     else:
         start = f"starting as the target cut to its first {shape['layers']} layers"
+    self_made = data.get("answers_to_self_written_prompts", 0)
+    self_written = (
+        f" and to {self_made:,} user messages the target wrote itself (its chat template up to a user turn, sampled "
+        "at temperature 1, top-p 0.95, `smollm2_draft/self_prompts.py`; a message naming a held-out topic is dropped)"
+        if self_made
+        else ""
+    )
     minutes = sum(run["train_seconds"] for run in runs) / 60
     return [
         f"Distilled from the target on its own answers, {start} (embeddings frozen: they stay the target's). Data: "
-        f"the target's answers to the {data['answers']:,} training-side chat prompts of `load_tests/chat_prompts.py` "
-        "(question templates × topics, split by topic: no held-out topic is seen), "
+        f"the target's answers to the {data['answers'] - self_made:,} training-side chat prompts of "
+        "`load_tests/chat_prompts.py` (question templates × topics, split by topic: no held-out topic is seen)"
+        f"{self_written}, "
         f"{data['answer_tokens']:,} answer tokens, {data['greedy_answers']:,} greedy and {data['sampled_answers']:,} "
         "sampled at temperature 1, up to 128 tokens each, with the target's top-32 log-probabilities at each "
         "position (the target run in bfloat16 for the answers, 3× its float32 rate here). Loss: cross-entropy to the "
@@ -37,19 +52,24 @@ def training_lines(training: dict) -> list[str]:
             for i, run in enumerate(runs)
         ),
         "",
-        f"In all {minutes:.1f} min of training on a shared 2-core machine, after ~10 min generating the answers.",
+        f"In all {minutes:.1f} min of training on a shared 2-core machine, after generating the answers "
+        f"(~10 min for the template prompts'{SELF_WRITTEN_MINUTES if self_made else ''}).",
     ]
 
 
 def reproduce_lines(training: dict) -> list[str]:
-    """The training commands, one a run (resumable from their checkpoints)."""
+    """The data and training commands, one a run (resumable from their checkpoints)."""
     earlier = training.get("deepened_from")
+    self_made = training["training_data"].get("answers_to_self_written_prompts", 0)
     runs = [(earlier, ""), (training, " --deepen models/smollm2-draft")] if earlier else [(training, "")]
-    return [
+    lines = [
         f"python -m smollm2_draft.train draft --layers {run['shape']['layers']} --steps {run['steps']} "
         f"--learning-rate {run['settings']['learning_rate']}{deepen}"
         for run, deepen in runs
     ]
+    if self_made:  # the self-written prompts' answers join the last run's data
+        lines.insert(len(lines) - 1, f"python -m smollm2_draft.train self-answers --self-prompts {self_made}")
+    return lines
 
 
 def card(measurements: dict) -> str:
@@ -137,7 +157,8 @@ def card(measurements: dict) -> str:
             f"positions 1-{gamma}: {', '.join(f'{a:.2f}' for a in t0['acceptance_by_position'])}; the head holds "
             f"{draft['greedy_answer_tokens_in_head']:.1%} of the target's greedy tokens on these prompts). Short "
             "blocks pay best with it: the stack serves it at a small γ (`up`'s default), where a verify block costs "
-            "less than a one-token step on these cores ([results](../../docs/results.md#the-smollm2-pair)).",
+            f"little more than a one-token step (γ + 1 = {gamma + 1} positions: {steps['verify_over_step']:.2f}× one "
+            "step on these cores; [results](../../docs/results.md#the-smollm2-pair)).",
             "",
             "## Reproduce",
             "```bash",

@@ -1,8 +1,9 @@
 """Make the SmolLM2 draft: the target's answers to chat prompts, then a narrow draft distilled on them.
 
     python -m smollm2_draft.train answers --max-minutes 18   # the target's answers, resumable (~10 min in all)
+    python -m smollm2_draft.train self-answers --self-prompts 4800   # user turns the target writes, and its answers
     python -m smollm2_draft.train draft --layers 2 --steps 800          # distil a draft (resumes from its checkpoint)
-    python -m smollm2_draft.train draft --deepen models/smollm2-draft   # grow that one to --layers, distil on
+    python -m smollm2_draft.train draft --deepen models/smollm2-draft   # start from that one (grown to --layers)
 
 The target is the pinned GGUF (fetched by `python -m specdec fetch`); it answers in bfloat16 (3× the float32
 rate on these cores; its answers are the same text up to near-ties). Work files live in `--work-dir`. The
@@ -22,7 +23,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from demo_pair.train import RunSettings, train
-from smollm2_draft.chat_outputs import TOP_K, generate_chat_answers, load_chat_answers
+from smollm2_draft.chat_outputs import (
+    TOP_K,
+    generate_chat_answers,
+    load_chat_answers,
+    rendered_messages,
+    rendered_prompts,
+)
 from smollm2_draft.distillation import (
     DRAFT_LAYERS,
     HEAD_TOKENS,
@@ -33,6 +40,7 @@ from smollm2_draft.distillation import (
     share_in_head,
     trained_draft,
 )
+from smollm2_draft.self_prompts import generate_self_prompts
 from specdec.engine.borrowed_embeddings import EMBEDDING_TENSOR, write_embeddings_source
 from specdec.engine.gguf_checkpoint import resolve_model
 from specdec.engine.smollm2_pair import SMOLLM2_DRAFT_DIR, SMOLLM2_WHEEL, smollm2_target
@@ -66,16 +74,19 @@ def save_draft(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=["answers", "draft"])
+    parser.add_argument("stage", choices=["answers", "self-answers", "draft"])
     parser.add_argument("--work-dir", type=pathlib.Path, default=REPO_ROOT / ".smollm2_work")
     parser.add_argument("--draft-dir", type=pathlib.Path, default=SMOLLM2_DRAFT_DIR)
     parser.add_argument("--max-minutes", type=float, default=18.0, help="answers: stop after this long (resume later)")
+    parser.add_argument("--self-prompts", type=int, default=4800, help="self-answers: user turns to write")
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument(
         "--layers", type=int, default=DRAFT_LAYERS, help="the draft's depth (the target's first layers)"
     )
     parser.add_argument(
-        "--deepen", type=pathlib.Path, help="start from this trained, shallower draft (its training.json is kept)"
+        "--deepen",
+        type=pathlib.Path,
+        help="start from this trained draft, as deep or shallower (its training.json is kept)",
     )
     parser.add_argument("--learning-rate", type=float, default=1e-3, help="peak (warm-up 20 steps, cosine to 10%%)")
     parser.add_argument("--threads", type=int, default=2)
@@ -84,15 +95,24 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     target_dir = pathlib.Path(resolve_model(str(smollm2_target())))
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    answers_dir = args.work_dir / "chat-answers"
+    answers_dir, self_answers_dir = args.work_dir / "chat-answers", args.work_dir / "self-answers"
 
-    if args.stage == "answers":
+    if args.stage in ("answers", "self-answers"):
         target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
-        left = generate_chat_answers(target, tokenizer, answers_dir, 64, 128, seed=0, max_minutes=args.max_minutes)
+        if args.stage == "answers":
+            prompts, out_dir = rendered_prompts(tokenizer, seed=0), answers_dir
+        else:
+            args.work_dir.mkdir(parents=True, exist_ok=True)
+            turns = generate_self_prompts(
+                target, tokenizer, args.work_dir / "self-prompts.json", args.self_prompts, 64, 64, seed=1
+            )
+            prompts, out_dir = rendered_messages(tokenizer, turns), self_answers_dir
+        left = generate_chat_answers(target, tokenizer, prompts, out_dir, 64, 128, seed=0, max_minutes=args.max_minutes)
         print(f"{left} batches left" if left else "all answers done", flush=True)
         return
 
-    answers = load_chat_answers(answers_dir)
+    self_made = load_chat_answers(self_answers_dir)
+    answers = load_chat_answers(answers_dir) + self_made
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     kept = head_token_ids(answers, HEAD_TOKENS, always=sorted(tokenizer.all_special_ids))
     answer_tokens = sum(len(a.answer_ids) for a in answers)
@@ -117,7 +137,8 @@ def main(argv: list[str] | None = None) -> None:
         draft = deepened_draft(shallower, target, args.layers)
     started = time.time()
     loss = distillation_loss(answers, kept, settings.batch_size, tokenizer.pad_token_id, target.config.vocab_size)
-    stats = train(f"smollm2-draft-{args.layers}-layers", draft, settings, loss, args.work_dir)
+    run_name = f"smollm2-draft-{args.layers}-layers" + ("-continued" if args.deepen else "")  # its checkpoint's name
+    stats = train(run_name, draft, settings, loss, args.work_dir)
     sampled = sum(a.sampled for a in answers)
     stats.update(
         shape={"layers": args.layers, "of_target_layers": target.config.num_hidden_layers},
@@ -131,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
             "greedy_answers": len(answers) - sampled,
             "teacher_top_k": TOP_K,
             "prompts": "load_tests.chat_prompts, training side of the topic split",
+            "answers_to_self_written_prompts": len(self_made),
         },
         wall_seconds_this_run=round(time.time() - started, 1),
     )
