@@ -27,6 +27,7 @@ import pathlib
 import statistics
 import time
 
+from benchmarks.constrained_plot import plot
 from benchmarks.pairs import PAIR_NAMES, model_pair
 from benchmarks.stack_runs import (
     RequestRun,
@@ -36,7 +37,7 @@ from benchmarks.stack_runs import (
     results_dir,
     timed_generate,
     totals,
-    write_json,
+    write_report_and_png,
 )
 from specdec.client import Client
 from specdec.engine.cpu_affinity import pin_cpus
@@ -291,7 +292,7 @@ def main(argv: list[str] | None = None) -> dict:
         "constraints": results,
         "environment": environment(),
     }
-    write_json(out_dir / "constrained.json", report)
+    write_report_and_png(out_dir / "constrained.json", report, plot)
     print(json.dumps(report["headline"], indent=2))
     return report
 

@@ -162,8 +162,8 @@ def write_json(path: pathlib.Path, report: dict) -> None:
 
 
 def write_report_and_png(path: pathlib.Path, report: dict, plot: Callable[[dict, pathlib.Path], pathlib.Path]) -> None:
-    """Writes the report, then its plot beside it (same name, .png), then the report again with the plot's path in
-    `png`: the figures are on disk even if plotting fails."""
+    """Writes the report, then its plot beside it (same name, .png), then the report again with the plot's file name
+    in `png`: the figures are on disk even if plotting fails."""
     write_json(path, report)
-    report["png"] = str(plot(report, path.with_suffix(".png")))
+    report["png"] = plot(report, path.with_suffix(".png")).name
     write_json(path, report)
