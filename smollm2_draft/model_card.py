@@ -11,6 +11,7 @@ def training_lines(training: dict) -> list[str]:
     """The card's training section: data, loss, and each run (a deepened draft's shallower run first)."""
     data, shape, earlier = training["training_data"], training["shape"], training.get("deepened_from")
     runs = [earlier, training] if earlier else [training]
+    self_made = data.get("answers_to_self_written_prompts", 0)
     if earlier and earlier["shape"]["layers"] < shape["layers"]:
         start = (
             f"first as the target cut to its first {earlier['shape']['layers']} layers, then deepened by the "
@@ -18,13 +19,11 @@ def training_lines(training: dict) -> list[str]:
             "projections zeroed (so it starts computing what the shallower draft does) and distilled on"
         )
     elif earlier:
-        start = (
-            f"first as the target cut to its first {shape['layers']} layers on the template prompts' answers, then "
-            "distilled on from there with the answers to self-written prompts added"
-        )
+        added = " on the template prompts' answers" if self_made else ""
+        start = f"first as the target cut to its first {shape['layers']} layers{added}, then distilled on from there"
+        start += " with the answers to self-written prompts added" if self_made else ""
     else:
         start = f"starting as the target cut to its first {shape['layers']} layers"
-    self_made = data.get("answers_to_self_written_prompts", 0)
     self_written = (
         f" and to {self_made:,} user messages the target wrote itself (its chat template up to a user turn, sampled "
         "at temperature 1, top-p 0.95, `smollm2_draft/self_prompts.py`; a message naming a held-out topic is dropped)"

@@ -44,10 +44,16 @@ def user_turn_prefix(tokenizer: PreTrainedTokenizerBase) -> list[int]:
 
 @torch.inference_mode()
 def sample_user_turns(
-    target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int, max_tokens: int, end_id: int
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prefix_ids: list[int],
+    batch_size: int,
+    max_tokens: int,
+    end_id: int,
 ) -> list[str]:
-    """One batch of user turns, those that reached the end of their turn (decoded, stripped)."""
-    prefix = torch.tensor([user_turn_prefix(tokenizer)] * batch_size)  # [B, P]
+    """One batch of user turns after prefix_ids (user_turn_prefix), those that reached the end of their turn
+    (decoded, stripped)."""
+    prefix = torch.tensor([prefix_ids] * batch_size)  # [B, P]
     out = target.generate(
         prefix,
         attention_mask=torch.ones_like(prefix),
@@ -78,11 +84,11 @@ def generate_self_prompts(
     """Up to `count` kept user turns in `path` (a JSON list, extended a batch at a time; resumes from it)."""
     held_out = held_out_pattern()
     kept = [t for t in (json.loads(path.read_text()) if path.exists() else []) if not held_out.search(t)]
-    end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    end_id, prefix_ids = tokenizer.convert_tokens_to_ids("<|im_end|>"), user_turn_prefix(tokenizer)
     started, batches = time.time(), 0
     while len(kept) < count:
         torch.manual_seed(seed * 100_003 + len(kept) * 101 + batches)
-        turns = sample_user_turns(target, tokenizer, batch_size, max_tokens, end_id)
+        turns = sample_user_turns(target, tokenizer, prefix_ids, batch_size, max_tokens, end_id)
         seen = set(kept)
         fresh = [t for t in dict.fromkeys(turns) if t not in seen and t and not held_out.search(t)]
         kept.extend(fresh[: count - len(kept)])

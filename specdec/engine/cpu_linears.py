@@ -5,9 +5,10 @@ block of γ+1 positions), torch's default fp32 kernels (MKL) run small products 
 with a prepacked weight computes the same products faster: the demo target's 256 -> 8192 head, 1 thread, 5 rows
 2.8 -> 0.75 ms; its 24 decoder layers' 168 linears, weights streamed from memory, 5 rows 13.5 -> 7.8 ms. At one row
 too, where a whole pass streams its weights from memory: a one-position pass of the demo target 9.8 -> 8.2 ms, of
-SmolLM2-135M 34.6 -> 25.4 ms (docs/results.md, "Kernels"). So every linear runs on oneDNN at every row count. The
-summation order differs, so logits can differ from the default kernel's in the last bits (as they do between row
-counts with either kernel). Each converted layer holds its weight twice: the parameter, and oneDNN's layout of it.
+SmolLM2-135M 34.6 -> 25.4 ms (docs/results.md, "Attention kernels and other per-pass costs"). So every linear runs
+on oneDNN at every row count. The summation order differs, so logits can differ from the default kernel's in the
+last bits (as they do between row counts with either kernel). Each converted layer holds its weight twice: the
+parameter, and oneDNN's layout of it.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ class OneDnnLinear(nn.Linear):
 
 
 def use_onednn_linears(model: nn.Module) -> int:
-    """Runs a CPU float32 model's LM head (its output embeddings) and its other nn.Linear layers on oneDNN; returns
-    how many layers it converted (0: another device or dtype, or no oneDNN)."""
+    """Runs a CPU float32 model's nn.Linear layers, its LM head (output embeddings) among them, on oneDNN; returns
+    how many layers it converted (0: a head on another device or dtype, or no oneDNN)."""
     head = model.get_output_embeddings()
     if (
         not onednn_available()
@@ -59,12 +60,13 @@ def use_onednn_linears(model: nn.Module) -> int:
         or head.weight.dtype != torch.float32
     ):
         return 0
-    OneDnnLinear.convert(head)
-    others = [layer for layer in model.modules() if type(layer) is nn.Linear and layer.weight.dtype == torch.float32]
-    for linear in others:
+    linears = [layer for layer in model.modules() if type(layer) is nn.Linear and layer.weight.dtype == torch.float32]
+    for linear in linears:
         OneDnnLinear.convert(linear)
-    log.info("LM head (%d -> %d) and %d other linears on oneDNN", head.in_features, head.out_features, len(others))
-    return 1 + len(others)
+    log.info(
+        "%d linears on oneDNN, the LM head (%d -> %d) among them", len(linears), head.in_features, head.out_features
+    )
+    return len(linears)
 
 
 def drop_onednn_copies(model: nn.Module) -> None:
