@@ -111,18 +111,24 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self._ranks_failed.set()
 
     async def _run(
-        self, kind_or_fn: str | Callable, *args, follows: Callable | None = None, choose: Callable | None = None
+        self,
+        kind_or_fn: str | Callable,
+        *args,
+        follows: Callable | None = None,
+        choose: Callable | None = None,
+        urgent: bool = False,
     ):
         """Runs a batchable kind ("step") or a one-off function on the model thread; `follows(result)`: whether
         the session's next call comes at once; with `choose`, args is the session and the call is a follow-up of
-        its last one (specdec/engine/step_batcher.py)."""
+        its last one; an `urgent` step (an open) does not wait for other sessions' next calls
+        (specdec/engine/step_batcher.py)."""
         ranks = self.service.ranks
         if ranks is not None:
             ranks.raise_if_failed()
         if choose is not None:
             work = self._batcher.submit_follow_up(kind_or_fn, *args, choose, follows=follows)
         elif isinstance(kind_or_fn, str):
-            work = self._batcher.submit(kind_or_fn, *args, follows=follows)
+            work = self._batcher.submit(kind_or_fn, *args, follows=follows, urgent=urgent)
         else:
             work = self._batcher.run(kind_or_fn, *args)
         if ranks is None:
@@ -162,7 +168,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         follows = _first_token_follows(request.next_call) if first and request.HasField("next_call") else None
         call = (request.session_id, OPEN, prompt, params, constraint, request.output_start, first, top_logprobs)
         if self.admission is None:
-            opened = await self._run("step", *call, follows=follows)
+            opened = await self._run("step", *call, follows=follows, urgent=True)
         else:
             opened = await self._open_admitted(call, len(prompt), call_deadline(context), follows)
         if opened.first is None:
@@ -189,7 +195,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         while True:
             async with self.admission.admitted(blocks, deadline, resuming):
                 try:
-                    return await self._run("step", *call, follows=follows)
+                    return await self._run("step", *call, follows=follows, urgent=True)
                 except KVCacheFullError:
                     resuming = True
 

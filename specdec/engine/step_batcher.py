@@ -12,7 +12,8 @@ take turns, each paying a whole pass for part of the batch. So before a step the
 `max_wait_s`, for the sessions of the last step that are expected back at once. A call says whether its session
 is, given its result (`follows`; a caller that knows, e.g. a coordinator that has the next block drafted only for
 some verdicts, says so); without it every session served is expected back, and a one-off call on a session (its
-close) ends the wait for it.
+close) ends the wait for it. A call submitted as `urgent` (a new session's open, whose first token a client awaits)
+ends the wait altogether: it runs in the next step with what is queued, not after the sessions on their way.
 
 A caller may also queue a *follow-up*: the session's next call, decided by the result of the call before it
 (e.g. a next round drafted under guesses of a verdict not known yet). The worker holds it until that call has
@@ -108,6 +109,7 @@ class _Call:
     choose: FollowUpChoice | None = None  # set on a follow-up: decides the call to run once the previous one ran
     tag: Any = None  # a call chosen by a follow-up: its future resolves to (tag, result)
     tagged: bool = False
+    urgent: bool = False  # ends a step's wait for the sessions on their way (a new session's open)
 
     @property
     def session(self) -> object:
@@ -159,11 +161,14 @@ class StepBatcher:
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, kind: str, *args, follows: Callable[[Any], bool] | None = None) -> asyncio.Future:
+    def submit(
+        self, kind: str, *args, follows: Callable[[Any], bool] | None = None, urgent: bool = False
+    ) -> asyncio.Future:
         """Queues one call of a batchable kind; the future resolves to its result or raises its error.
-        `follows(result)` says whether the session's next call comes at once (None: it does)."""
+        `follows(result)` says whether the session's next call comes at once (None: it does); an `urgent` call
+        does not wait for the sessions on their way."""
         self._check_kind(kind)
-        return self._enqueue(kind, None, args, follows)
+        return self._enqueue(kind, None, args, follows, urgent)
 
     def submit_follow_up(
         self, kind: str, session: object, choose: FollowUpChoice, follows: Callable[[Any], bool] | None = None
@@ -192,11 +197,16 @@ class StepBatcher:
             raise KeyError(f"no batch function for {kind!r}")
 
     def _enqueue(
-        self, kind: str | None, fn: Callable[..., Any] | None, args: tuple, follows: Callable[[Any], bool] | None = None
+        self,
+        kind: str | None,
+        fn: Callable[..., Any] | None,
+        args: tuple,
+        follows: Callable[[Any], bool] | None = None,
+        urgent: bool = False,
     ) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._queue.put(_Call(kind, fn, args, future, loop, follows))
+        self._queue.put(_Call(kind, fn, args, future, loop, follows, urgent=urgent))
         return future
 
     def _work(self) -> None:
@@ -230,14 +240,15 @@ class StepBatcher:
 
     def _wait_for_expected_sessions(self, calls: list[_Call]) -> None:
         """Adds calls arriving within max_wait_s while sessions of the last step that are expected back are
-        missing; a one-off call on a session (e.g. its close) means it is not coming."""
+        missing; a one-off call on a session (e.g. its close) means it is not coming, and an urgent call ends the
+        wait."""
         if self.max_wait_s <= 0 or all(call.kind is None for call in calls):
             return
         missing = set(self._expected)
         deadline = time.monotonic() + self.max_wait_s
         while True:
             missing.difference_update(call.session for call in calls)
-            if not missing:
+            if not missing or any(call.urgent for call in calls):
                 return
             try:
                 call = self._queue.get(timeout=max(deadline - time.monotonic(), 0.0))

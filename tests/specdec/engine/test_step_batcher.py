@@ -143,6 +143,21 @@ def test_a_one_off_call_on_a_session_ends_the_wait_for_it():
     assert sessions_per_batch(recorder)[-2:] == [["a"], ["c"]]  # no step waited for b after its close
 
 
+def test_an_urgent_call_ends_the_wait_for_the_sessions_on_their_way():
+    recorder, batcher = waiting_batcher()
+
+    async def main():
+        await asyncio.gather(batcher.submit("step", "a", 1), batcher.submit("step", "b", 2))
+        again = batcher.submit("step", "a", 3)
+        opened = batcher.submit("step", "c", 4, urgent=True)  # a new session's open: its first token is awaited
+        await asyncio.sleep(0.2)
+        await asyncio.gather(again, opened, batcher.submit("step", "b", 5))
+
+    run(main())
+    batcher.close()
+    assert sessions_per_batch(recorder)[-2:] == [["a", "c"], ["b"]]  # without `urgent`: one step of a, c and b
+
+
 def next_call(tag: str, add: int):
     """A follow-up's choice: the session's next call adds `add` to its last result (None runs nothing)."""
     return lambda last: None if last is None else (tag, ("a", last + add))
