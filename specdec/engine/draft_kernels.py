@@ -1,14 +1,15 @@
-"""A CPU draft's pass in fewer and cheaper products: q/k/v and gate/up fused, the LM head in bfloat16.
+"""A CPU draft's pass in fewer and cheaper products: q/k/v and gate/up fused, every product in bfloat16.
 
 A draft's pass is short and mostly fixed cost: on the demo draft (2 layers of width 256, a 256 -> 8192 head) each
 linear call costs tens of µs however few rows it has, and the head is the largest product of the pass. Here:
 
 - each decoder layer's q/k/v projections, and its gate/up projections, run as one product of the stacked weights
   (three calls, and two, become one each); the direct forward (specdec/engine/direct_forward.py) uses them;
-- the LM head runs in bfloat16 on oneDNN, where the CPU has AMX or AVX-512 BF16 (its weight read at half the bytes,
-  its product on the matrix units), and returns float32 logits.
+- where the CPU has AMX or AVX-512 BF16, every product of the pass (the fused ones, the attention output and MLP
+  down projections, the LM head) runs in bfloat16 on oneDNN: its weight read at half the bytes, its product on the
+  matrix units, float32 in and out (docs/architecture.md, "Direct forward").
 
-Both change the draft's logits (the fused products in the last bits, the head by ~1e-2): fine for a draft, whose
+Both change the draft's logits (the fused products in the last bits, bfloat16 by ~1e-2): fine for a draft, whose
 proposals every rule judges exactly whatever they are, never for a target, whose logits must be its own; only the
 draft service turns this on (docs/architecture.md, "Direct forward").
 """
@@ -39,10 +40,12 @@ class FusedLinear:
       kernel.
     """
 
-    def __init__(self, layers: Sequence[nn.Linear]):
+    def __init__(self, layers: Sequence[nn.Linear], bf16: bool = False):
         self.weight = _stacked([layer.weight for layer in layers])  # [sum of out_features, in_features]
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
-        self.bias = _stacked([layer.bias for layer in layers]) if layers[0].bias is not None else None
+        self.dtype = torch.bfloat16 if bf16 else torch.float32  # the product's (float32 in and out either way)
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.to(self.dtype), None)
+        bias = _stacked([layer.bias for layer in layers]) if layers[0].bias is not None else None
+        self.bias = bias.to(self.dtype) if bias is not None else None
         self.sizes = [layer.out_features for layer in layers]
         for layer in layers:
             if isinstance(layer, OneDnnLinear):
@@ -50,8 +53,10 @@ class FusedLinear:
 
     def __call__(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """hidden [..., in_features] -> each layer's output [..., out_features_i] (views of one product)."""
-        product = torch.ops.mkldnn._linear_pointwise(hidden, self.packed_weight, self.bias, "none", [], "")
-        return product.split(self.sizes, dim=-1)
+        product = torch.ops.mkldnn._linear_pointwise(
+            hidden.to(self.dtype), self.packed_weight, self.bias, "none", [], ""
+        )
+        return product.float().split(self.sizes, dim=-1)
 
     @staticmethod
     def fits(layers: Sequence[nn.Module]) -> bool:
@@ -109,10 +114,11 @@ def bf16_products_fast() -> bool:
 
 def use_draft_kernels(model: nn.Module) -> int:
     """Gives a CPU float32 Llama draft fused q/k/v and gate/up products in each decoder layer and, where bfloat16
-    is fast, a bfloat16 LM head; returns how many layers got fused products (0: another model, device or dtype,
-    or no oneDNN: nothing changed)."""
+    is fast, every product of its pass in bfloat16; returns how many layers got fused products (0: another model,
+    device or dtype, or no oneDNN: nothing changed)."""
     if not onednn_available() or type(model) is not LlamaForCausalLM:
         return 0
+    bf16 = bf16_products_fast()
     fused = 0
     for layer in model.model.layers:
         attention, mlp = layer.self_attn, layer.mlp
@@ -120,17 +126,20 @@ def use_draft_kernels(model: nn.Module) -> int:
             continue
         qkv, gate_up = (attention.q_proj, attention.k_proj, attention.v_proj), (mlp.gate_proj, mlp.up_proj)
         if FusedLinear.fits(qkv) and FusedLinear.fits(gate_up):
-            vars(attention)[QKV], vars(mlp)[GATE_UP] = FusedLinear(qkv), FusedLinear(gate_up)
+            vars(attention)[QKV], vars(mlp)[GATE_UP] = FusedLinear(qkv, bf16), FusedLinear(gate_up, bf16)
             fused += 1
+            for projection in (attention.o_proj, mlp.down_proj):
+                if bf16 and FusedLinear.fits([projection]):
+                    Bf16Linear.convert(projection)
     head = model.get_output_embeddings()
-    bf16_head = fused > 0 and isinstance(head, nn.Linear) and bf16_products_fast()
-    if bf16_head:
+    bf16 = bf16 and fused > 0
+    if bf16 and isinstance(head, nn.Linear):
         Bf16Linear.convert(head)
     log.info(
-        "draft kernels: %d of %d decoder layers with fused q/k/v and gate/up products, LM head in %s",
+        "draft kernels: %d of %d decoder layers with fused q/k/v and gate/up products, products in %s",
         fused,
         len(model.model.layers),
-        "bfloat16" if bf16_head else "float32",
+        "bfloat16" if bf16 else "float32",
     )
     return fused
 
@@ -141,7 +150,7 @@ def fused_projections(module: nn.Module, name: str) -> FusedLinear | None:
 
 
 def drop_draft_kernels(model: nn.Module) -> None:
-    """Drops the fused products and turns a bfloat16 head back into an nn.Linear (their copies of the weights
+    """Drops the fused products and turns bfloat16 layers back into nn.Linear ones (their copies of the weights
     cannot follow the parameters, e.g. to the meta device)."""
     for module in model.modules():
         vars(module).pop(QKV, None)

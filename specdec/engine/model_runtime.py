@@ -56,7 +56,7 @@ class ModelSettings:
     kv_cache_budget: float = 0.5  # KV cache bytes, or (at most 1) a share of memory (specdec/engine/kv/budget.py)
     kv_block_size: int = 16  # positions per KV cache block
     draft_kernels: bool = (
-        False  # CPU float32 Llama drafts: fused products, a bfloat16 head (specdec/engine/draft_kernels.py)
+        False  # CPU float32 Llama drafts: fused products, bfloat16 ones (specdec/engine/draft_kernels.py)
     )
     float32_logits: bool = True  # CUDA, 16-bit weights: the LM head's products come out in float32
     model_process: bool = False  # passes in a process of their own (specdec/engine/model_process.py); not on CUDA

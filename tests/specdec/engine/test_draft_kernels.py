@@ -1,4 +1,4 @@
-"""A draft's cheaper CPU kernels: fused q/k/v and gate/up products and a bfloat16 head give the draft's logits up
+"""A draft's cheaper CPU kernels: fused q/k/v and gate/up products, all in bfloat16, give the draft's logits up
 to rounding, on the draft service only."""
 
 from __future__ import annotations
@@ -64,9 +64,9 @@ def test_a_draft_with_its_kernels_gives_its_logits_up_to_rounding(which, tiny_pa
     assert all(fused_projections(layer.mlp, GATE_UP) is not None for layer in layers)
     assert isinstance(fast.model.lm_head, Bf16Linear) == bf16_products_fast()
     assert not any(fused_projections(layer.self_attn, QKV) for layer in plain.model.model.layers)
-    tolerance = 5e-2 if bf16_products_fast() else 1e-4
+    tolerance = 5e-2 if bf16_products_fast() else 1e-5  # of the largest logit: bfloat16 keeps 8 bits a product
     for ours, theirs in zip(passes_of_rows(fast, seed=2), passes_of_rows(plain, seed=2), strict=True):
-        torch.testing.assert_close(ours, theirs, rtol=tolerance, atol=tolerance)
+        assert (ours - theirs).abs().max() <= tolerance * theirs.abs().max()
 
 
 def test_the_fused_layers_hold_their_weights_once_and_their_modules_still_compute(tiny_pair_dirs):
@@ -79,7 +79,7 @@ def test_the_fused_layers_hold_their_weights_once_and_their_modules_still_comput
         assert proj.weight.untyped_storage().data_ptr() == fused.weight.untyped_storage().data_ptr()
     input_ids = torch.randint(1, 64, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
-        tolerance = 5e-2 if bf16_products_fast() else 1e-5
+        tolerance = 1e-1 if bf16_products_fast() else 1e-5
         torch.testing.assert_close(
             fast(input_ids=input_ids).logits, plain(input_ids=input_ids).logits, rtol=tolerance, atol=tolerance
         )
