@@ -42,14 +42,18 @@ class FusedLinear:
 
     def __init__(self, layers: Sequence[nn.Linear], bf16: bool = False):
         self.weight = _stacked([layer.weight for layer in layers])  # [sum of out_features, in_features]
-        self.dtype = torch.bfloat16 if bf16 else torch.float32  # the product's (float32 in and out either way)
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.to(self.dtype), None)
-        bias = _stacked([layer.bias for layer in layers]) if layers[0].bias is not None else None
-        self.bias = bias.to(self.dtype) if bias is not None else None
+        self.stacked_bias = _stacked([layer.bias for layer in layers]) if layers[0].bias is not None else None
         self.sizes = [layer.out_features for layer in layers]
+        self.use_dtype(torch.bfloat16 if bf16 else torch.float32)
         for layer in layers:
             if isinstance(layer, OneDnnLinear):
                 layer.revert()
+
+    def use_dtype(self, dtype: torch.dtype) -> None:
+        """Computes the product in `dtype` (float32 in and out either way), from a copy of the stack in it."""
+        self.dtype = dtype
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.to(dtype), None)
+        self.bias = self.stacked_bias.to(dtype) if self.stacked_bias is not None else None
 
     def __call__(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """hidden [..., in_features] -> each layer's output [..., out_features_i] (views of one product)."""
@@ -142,6 +146,23 @@ def use_draft_kernels(model: nn.Module) -> int:
         "bfloat16" if bf16 else "float32",
     )
     return fused
+
+
+def runs_bf16_products(model: nn.Module) -> bool:
+    """Whether a draft's decoder layers compute in bfloat16 (use_draft_kernels where bfloat16 is fast)."""
+    return any(isinstance(module, Bf16Linear) for layer in model.model.layers for module in layer.modules())
+
+
+def use_float32_layer_products(model: nn.Module) -> None:
+    """Turns a draft's decoder-layer products back to float32 on oneDNN (its LM head keeps its kernel)."""
+    for layer in model.model.layers:
+        for fused in (fused_projections(layer.self_attn, QKV), fused_projections(layer.mlp, GATE_UP)):
+            if fused is not None:
+                fused.use_dtype(torch.float32)
+        for module in list(layer.modules()):
+            if isinstance(module, Bf16Linear):
+                module.revert()
+                OneDnnLinear.convert(module)
 
 
 def fused_projections(module: nn.Module, name: str) -> FusedLinear | None:

@@ -19,7 +19,7 @@ from specdec.engine.borrowed_embeddings import embeddings_source, use_borrowed_e
 from specdec.engine.cpu_linears import use_onednn_linears
 from specdec.engine.cuda_graph_steps import CudaGraphSteps, cuda_graphs_refusal
 from specdec.engine.direct_forward import direct_forward_refusal
-from specdec.engine.draft_kernels import use_draft_kernels
+from specdec.engine.draft_kernels import runs_bf16_products, use_draft_kernels, use_float32_layer_products
 from specdec.engine.float32_head import use_float32_head
 from specdec.engine.gguf_checkpoint import resolve_model
 from specdec.engine.kv.budget import make_pool, release_cached_memory
@@ -178,6 +178,14 @@ class LoadedModel:
             backend = self._attention_backend()
             self.model.set_attn_implementation(PACKED_ATTENTION)
             reason = packed_mismatch(self.model, backend, self.settings.kv_block_size, self.device, ids, reference)
+            if reason is not None and runs_bf16_products(self.model):
+                # A draft whose bfloat16 products drift past the tolerance computes in float32 and stays packed.
+                log.warning("%s: bfloat16 layer products refused (%s); float32 ones", self.settings.model, reason)
+                use_float32_layer_products(self.model)
+                self.model.set_attn_implementation(own_attention)
+                reference = plain_logits(self.model, ids, self.device)[:, : self.vocab_size]
+                self.model.set_attn_implementation(PACKED_ATTENTION)
+                reason = packed_mismatch(self.model, backend, self.settings.kv_block_size, self.device, ids, reference)
             if reason is None:
                 self.use_packed_forward(backend)
             else:

@@ -19,7 +19,9 @@ from specdec.engine.draft_kernels import (
     bf16_products_fast,
     drop_draft_kernels,
     fused_projections,
+    runs_bf16_products,
     use_draft_kernels,
+    use_float32_layer_products,
 )
 from specdec.engine.model_runtime import LoadedModel, ModelSettings
 from tests.specdec.conftest import IDS, SHAPE
@@ -83,6 +85,17 @@ def test_the_fused_layers_hold_their_weights_once_and_their_modules_still_comput
         torch.testing.assert_close(
             fast(input_ids=input_ids).logits, plain(input_ids=input_ids).logits, rtol=tolerance, atol=tolerance
         )
+
+
+def test_a_draft_whose_bfloat16_products_are_refused_stays_packed_in_float32(tiny_pair_dirs):
+    plain = LoadedModel.load(ModelSettings(str(tiny_pair_dirs[1])))
+    fast = LoadedModel.load(ModelSettings(str(tiny_pair_dirs[1]), draft_kernels=True))
+    use_float32_layer_products(fast.model)  # what the start-up self-test does when they drift past its tolerance
+    assert not runs_bf16_products(fast.model) and fast.packed
+    assert all(fused_projections(layer.mlp, GATE_UP).dtype == torch.float32 for layer in fast.model.model.layers)
+    tolerance = 5e-2 if bf16_products_fast() else 1e-5  # the head alone in bfloat16
+    for ours, theirs in zip(passes_of_rows(fast, seed=3), passes_of_rows(plain, seed=3), strict=True):
+        assert (ours - theirs).abs().max() <= tolerance * theirs.abs().max()
 
 
 def test_the_kernels_can_be_dropped_for_the_meta_device(tiny_pair_dirs):
