@@ -149,7 +149,10 @@ def use_draft_kernels(model: nn.Module) -> int:
 
 
 def runs_bf16_products(model: nn.Module) -> bool:
-    """Whether a draft's decoder layers compute in bfloat16 (use_draft_kernels where bfloat16 is fast)."""
+    """Whether a draft's decoder layers compute in bfloat16 (use_draft_kernels where bfloat16 is fast; Llama drafts
+    only, so other families answer False)."""
+    if type(model) is not LlamaForCausalLM:
+        return False
     return any(isinstance(module, Bf16Linear) for layer in model.model.layers for module in layer.modules())
 
 
