@@ -62,7 +62,9 @@ class RoundCalls:
         with self.state.telemetry.remote_call(
             "draft.propose", round_span, base_len=committed_len, num_tokens=steps, lanes=len(calls), predraft=predraft
         ) as remote:
-            request = drafter_pb2.ProposeLanesRequest(session_id=self.state.plan.request_id, lanes=proposals)
+            request = drafter_pb2.ProposeLanesRequest(
+                session_id=self.state.plan.request_id, lanes=proposals, committed_len=committed_len
+            )
             reply = await self.sessions.call(draft, "ProposeLanes", request)
             self._count_bytes(request, reply)
             draft_ns = reply.lanes[0].draft_ns if reply.lanes else 0

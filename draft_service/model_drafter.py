@@ -37,6 +37,11 @@ class ModelDraftSession:
         twin.rules = self.rules.fork() if self.rules else None
         return twin
 
+    def observe_committed(self, length: int) -> None:
+        """Its first `length` tokens are committed: its rules learn what the verifier kept."""
+        if self.rules is not None:
+            self.rules.observe_committed(self.session.tokens[:length])
+
     def truncate(self, length: int) -> None:
         self.session.truncate(length)
 

@@ -39,6 +39,7 @@ class LaneProposal:
     num_alternatives: int = 0
     num_lookup_tokens: int = 0
     num_forced_tokens: int = 0
+    committed_len: int = 0  # tokens of the lane's synced sequence the verifier has committed (0: not said)
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,7 @@ class DraftService:
     ) -> ProposeResult:
         """Syncs lane 0 of the session to base_len + appended_ids (the sync invariant), then drafts num_tokens
         tokens."""
-        proposal = LaneProposal(0, base_len, appended_ids, num_tokens, num_alternatives)
+        proposal = LaneProposal(0, base_len, appended_ids, num_tokens, num_alternatives, committed_len=base_len)
         return only_result(self.propose_many([(session_id, [proposal])]))[0]
 
     def propose_many(
@@ -269,6 +270,8 @@ class DraftService:
             if not synced:
                 lane.truncate(proposal.base_len)
                 lane.append(proposal.appended_ids)
+            if proposal.committed_len and isinstance(lane, ModelDraftSession):
+                lane.observe_committed(min(proposal.committed_len, len(lane)))
             if isinstance(lane, ModelDraftSession) and proposal.num_tokens:
                 jobs.append((slot, lane, proposal))
                 answered.append(None)

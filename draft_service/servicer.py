@@ -109,18 +109,20 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         return drafter_pb2.OpenDraftSessionResponse(session_len=len(prompt), prefill_ns=prefill_ns)
 
     async def Propose(self, request: drafter_pb2.ProposeRequest, context) -> drafter_pb2.ProposeResponse:
-        proposal = self._lane_proposal(0, request)
+        proposal = self._lane_proposal(0, request, committed_len=request.base_len)  # a Propose's base is committed
         results = await self._batcher.submit("propose", request.session_id, [proposal], follows=_after_a_verification)
         return _propose_response(results[0], self.drain.draining)
 
     async def ProposeLanes(self, request: drafter_pb2.ProposeLanesRequest, context) -> drafter_pb2.ProposeLanesResponse:
-        proposals = [self._lane_proposal(lane.lane, lane) for lane in request.lanes]
+        proposals = [self._lane_proposal(lane.lane, lane, request.committed_len) for lane in request.lanes]
         results = await self._batcher.submit("propose", request.session_id, proposals, follows=_after_a_verification)
         return drafter_pb2.ProposeLanesResponse(
             lanes=[_propose_response(result) for result in results], draining=self.drain.draining
         )
 
-    def _lane_proposal(self, lane: int, request: drafter_pb2.ProposeRequest | drafter_pb2.LaneProposal) -> LaneProposal:
+    def _lane_proposal(
+        self, lane: int, request: drafter_pb2.ProposeRequest | drafter_pb2.LaneProposal, committed_len: int
+    ) -> LaneProposal:
         appended = check_token_ids(
             request.appended_token_ids, self.service.vocab_size, "appended_token_ids", allow_empty=True
         )
@@ -132,6 +134,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             request.num_alternatives,
             request.num_lookup_tokens,
             request.num_forced_tokens,
+            committed_len,
         )
 
     async def CallStream(self, request_iterator, context) -> None:

@@ -51,19 +51,20 @@ class DraftJob:
         return len(self.tokens) - self.forced
 
     def take_forced(self, pending: Sequence[int]) -> list[int]:
-        """Takes the tokens the constraint forces after the session's sequence + `pending` (within forced_tokens),
-        each with q one-hot where the rule keeps q: what the draft's own masked row would be there; returns them."""
+        """Takes the tokens the constraint decides after the session's sequence + `pending` (within forced_tokens:
+        ConstraintCursor.forced), each with q one-hot where the rule keeps q, as it is chosen, not drawn; returns
+        them."""
         if self.rules is None:
             return []
         forced = self.rules.forced([*self.session.tokens, *pending], self.forced_tokens - self.forced)
         model, keeps_q = self.session.model, not self.params.greedy and not self.params.coupled
-        for token in forced:
+        for token, instead in forced:
             one_hot = torch.zeros(model.vocab_size, device=model.device) if keeps_q else None  # [V]
             if one_hot is not None:
                 one_hot[token] = 1.0
-            self.take(token, [], one_hot)
+            self.take(token, [token, *instead], one_hot)
         self.forced += len(forced)
-        return forced
+        return [token for token, _ in forced]
 
     def take(self, token: int, ranked: Sequence[int], probs: torch.Tensor | None = None) -> None:
         """Records a token chosen at this position, and the q row [V] it was drawn from under the rejection rule.

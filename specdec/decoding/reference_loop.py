@@ -60,6 +60,8 @@ def speculative_generate(
         # Sync the draft to the committed sequence: roll back to the accepted prefix, add the new token.
         draft_session.truncate(base_len + verdict.num_accepted)
         draft_session.append(verdict.tokens[verdict.num_accepted :])
+        if draft_rules is not None:
+            draft_rules.observe_committed(draft_session.tokens)
         for token in verdict.tokens:
             generated.append(token)
             if token in target.eos_token_ids:

@@ -24,6 +24,7 @@ import xgrammar
 
 from specdec.common.errors import InvalidFieldError
 from specdec.common.settings import setting
+from specdec.sampling.spelled_text import SpelledText, VocabularySpelling
 
 JSON_SEPARATORS = (", ", ": ")  # JSON output as Python and most code write it: one space after ',' and ':'
 COMPILED_KEPT = 256  # compiled constraints kept by spec, most recently used first (the engine caches by bytes too)
@@ -97,6 +98,7 @@ class ConstraintCompiler:
         )
         self.vocab_size = vocab_size
         self.limits = limits
+        self.spelling = VocabularySpelling(tokenizer)  # how forced text is spelled, and how often it was kept
         self._compiler = xgrammar.GrammarCompiler(info, cache_enabled=True, cache_limit_bytes=limits.cache_bytes)
         self._slow: set[ConstraintSpec] = set()  # compiled, but past max_compile_s: refused from then on
         self._compiled: collections.OrderedDict[ConstraintSpec, xgrammar.CompiledGrammar] = collections.OrderedDict()
@@ -151,7 +153,8 @@ class ConstraintCompiler:
 
     def cursor(self, spec: ConstraintSpec) -> ConstraintCursor:
         """A fresh cursor for one sequence (at the start of its output)."""
-        return ConstraintCursor(xgrammar.GrammarMatcher(self.compile(spec), max_rollback_tokens=-1), self.vocab_size)
+        matcher = xgrammar.GrammarMatcher(self.compile(spec), max_rollback_tokens=-1)
+        return ConstraintCursor(matcher, self.vocab_size, spelling=SpelledText(self.spelling))
 
 
 def engine_reason(error: Exception) -> str:
@@ -183,16 +186,23 @@ class ConstraintCursor:
     followed: the cursor then allows everything past it, rows whose tokens can never be committed.
     """
 
-    def __init__(self, matcher: xgrammar.GrammarMatcher, vocab_size: int, tokens: Sequence[int] = ()):
+    def __init__(
+        self,
+        matcher: xgrammar.GrammarMatcher,
+        vocab_size: int,
+        tokens: Sequence[int] = (),
+        spelling: SpelledText | None = None,
+    ):
         self._matcher = matcher
         self.vocab_size = vocab_size
+        self.spelling = spelling  # spells the text the grammar forces, shared with forks; None: single ids only
         self.tokens: list[int] = list(tokens)
         self.follows = True  # the last sync accepted every token it was given
         self._row: torch.Tensor | None = None  # forced()'s bitmask row [1, ceil(V / 32)], allocated once
 
     def fork(self) -> ConstraintCursor:
         """An independent copy at the same tokens."""
-        twin = ConstraintCursor(self._matcher.fork(), self.vocab_size, self.tokens)
+        twin = ConstraintCursor(self._matcher.fork(), self.vocab_size, self.tokens, self.spelling)
         twin.follows = self.follows
         return twin
 
@@ -216,23 +226,42 @@ class ConstraintCursor:
         self.sync([*generated, *proposed])
         return max(0, len(self.tokens) - len(generated))
 
-    def forced(self, generated: Sequence[int], limit: int) -> list[int]:
-        """Up to `limit` tokens the constraint forces after `generated`, each the only token it allows where it
-        stands (docs/architecture.md, "Constrained and penalised decoding": forced tokens). Leaves the matcher after
-        them."""
+    def forced(self, generated: Sequence[int], limit: int) -> list[tuple[int, list[int]]]:
+        """Up to `limit` tokens the constraint decides after `generated` (docs/architecture.md, "Constrained and
+        penalised decoding": forced tokens), each with the allowed tokens a target may write instead: where it
+        allows one token, that token (and none); where it allows several but forces the text ahead (the engine's
+        jump-forward string), that text as the tokenizer spells it, a guess the verifier judges (and the token of
+        the longest shorter prefix). Leaves the matcher after them."""
         self.sync(generated)
-        forced: list[int] = []
+        forced: list[tuple[int, list[int]]] = []
         if self._row is None:
             self._row = allowing_all(1, self.vocab_size)  # [1, ceil(V / 32)], reused from call to call
         row = self._row
         while len(forced) < limit and self.follows and not self._matcher.is_terminated():
             self._matcher.fill_next_token_bitmask(row, 0)
             token = only_token(row.numpy()[0], self.vocab_size)
-            if token is None or not self._matcher.accept_token(token):
+            spelled = token is None
+            tokens = [token] if token is not None else self._spell_forced_text()
+            taken = 0
+            for token in tokens[: limit - len(forced)]:
+                if not self._matcher.accept_token(token):
+                    break
+                if spelled:
+                    self.spelling.proposed(self.tokens, token)
+                self.tokens.append(token)
+                forced.append((token, self.spelling.vocabulary.shorter_token(token) if spelled else []))
+                taken += 1
+            if taken < len(tokens) or not taken:  # refused, or nothing forced: what follows is the draft's
                 break
-            self.tokens.append(token)
-            forced.append(token)
         return forced
+
+    def _spell_forced_text(self) -> list[int]:
+        """The ids of the text the grammar forces where the matcher stands, while spelling it pays ([] when it
+        forces none, spelling does not pay, or the cursor has no tokenizer)."""
+        if self.spelling is None or not self.spelling.vocabulary.pays():
+            return []
+        text = self._matcher.find_jump_forward_string()
+        return self.spelling.vocabulary.encode(text) if text else []
 
     def block_mask(
         self, generated: Sequence[int], drafted: Sequence[int], rows: int

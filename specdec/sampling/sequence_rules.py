@@ -50,12 +50,18 @@ class SequenceRules:
         """An independent copy (a new draft lane)."""
         return SequenceRules(self.params, self.output_start, self.cursor.fork() if self.cursor else None)
 
-    def forced(self, tokens: Sequence[int], limit: int) -> list[int]:
-        """Up to `limit` tokens the constraint forces after the sequence `tokens` (none without a constraint): the only
-        token allowed at its position is a point mass under every rule, so the verifier commits it whatever p is."""
+    def forced(self, tokens: Sequence[int], limit: int) -> list[tuple[int, list[int]]]:
+        """Up to `limit` tokens the constraint decides after the sequence `tokens` (none without a constraint), each
+        with the allowed tokens a target may write instead (ConstraintCursor.forced)."""
         if self.cursor is None or limit <= 0:
             return []
         return self.cursor.forced(tokens[self.output_start :], limit)
+
+    def observe_committed(self, tokens: Sequence[int]) -> None:
+        """Tells the constraint's spelling (specdec/sampling/spelled_text.py) that the sequence's first tokens are
+        `tokens`, committed by the verifier."""
+        if self.cursor is not None and self.cursor.spelling is not None:
+            self.cursor.spelling.judge(tokens[self.output_start :])
 
     def shape(self, logits: torch.Tensor, tokens: Sequence[int], first: int) -> ShapedBlock:
         """The rules on a block's logits [n, V]: row j predicts position first + j, after tokens[:first + j] (the

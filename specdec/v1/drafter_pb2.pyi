@@ -72,12 +72,14 @@ class LaneProposal(_message.Message):
     def __init__(self, lane: _Optional[int] = ..., base_len: _Optional[int] = ..., appended_token_ids: _Optional[_Iterable[int]] = ..., num_speculative_tokens: _Optional[int] = ..., num_alternatives: _Optional[int] = ..., num_lookup_tokens: _Optional[int] = ..., num_forced_tokens: _Optional[int] = ...) -> None: ...
 
 class ProposeLanesRequest(_message.Message):
-    __slots__ = ("session_id", "lanes")
+    __slots__ = ("session_id", "lanes", "committed_len")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LANES_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_LEN_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     lanes: _containers.RepeatedCompositeFieldContainer[LaneProposal]
-    def __init__(self, session_id: _Optional[str] = ..., lanes: _Optional[_Iterable[_Union[LaneProposal, _Mapping]]] = ...) -> None: ...
+    committed_len: int
+    def __init__(self, session_id: _Optional[str] = ..., lanes: _Optional[_Iterable[_Union[LaneProposal, _Mapping]]] = ..., committed_len: _Optional[int] = ...) -> None: ...
 
 class ProposeLanesResponse(_message.Message):
     __slots__ = ("lanes", "draining")

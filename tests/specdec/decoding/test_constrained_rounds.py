@@ -300,3 +300,50 @@ def test_one_mask_for_a_steps_rows_equals_each_rows_own_rules(compiler):
         assert torch.equal(step.logits[row], own[0].float()), f"row {row}"
     allowed = (step.logits > float("-inf")).sum(dim=-1).tolist()  # [K]
     assert allowed[2] == vocab and 0 < allowed[0] < vocab and 0 < allowed[1] < vocab, allowed
+
+
+def test_forced_text_is_spelled_as_the_tokenizer_writes_it_while_the_target_keeps_it(pair):
+    """Where the constraint allows several tokens but forces the text ahead, the drafter's forced tokens are that
+    text as the tokenizer spells it (a guess the verifier judges), while the record of spelled tokens says they are
+    committed often enough; past that, only single forced ids."""
+    compiler = ConstraintCompiler(pair[0].tokenizer, pair[0].vocab_size, pair[0].eos_token_ids)  # its own record
+    spec = ConstraintSpec(ConstraintKind.REGEX, "(a|b)config_name = [0-9]")
+    vocabulary = compiler.spelling
+    after_a = vocabulary.encode("a")
+    spelled = vocabulary.encode("config_name = ")
+    assert len(spelled) >= 2  # several tokens, and "c", "co", ... are allowed first: none is forced alone
+    forced = compiler.cursor(spec).forced(after_a, 16)
+    assert [token for token, _ in forced] == spelled
+    for token, instead in forced:  # instead: the token of the longest shorter prefix, which the grammar allows too
+        text = pair[0].tokenizer.decode([token])
+        assert instead == [] if len(text) == 1 else len(instead) == 1
+        for other in instead:
+            assert text.startswith(pair[0].tokenizer.decode(instead)) and other != token
+    for _ in range(40):
+        vocabulary.count(hit=False)
+    assert not compiler.cursor(spec).forced(after_a, 16)
+
+
+def test_the_drafter_counts_its_spelled_tokens_against_the_committed_output(pair):
+    """A ProposeLanes call's committed_len tells the drafter which of its spelled tokens the verifier kept: one kept
+    and the next replaced count a hit and a miss, and nothing counts while the committed output has not reached
+    them."""
+    from draft_service.service import DraftService, LaneProposal
+    from draft_service.settings import DraftSettings
+
+    draft = pair[1]
+    drafter = DraftService(DraftSettings(model=""), draft, draft.vocab_size)
+    spec = ConstraintSpec(ConstraintKind.REGEX, "(a|b)config_name = [0-9]")
+    prompt = draft.tokenizer("x = ", add_special_tokens=False)["input_ids"]
+    drafter.open("s", prompt, SamplingParams(), "model", constraint=spec)
+    vocabulary = drafter.constraints.spelling
+    first = LaneProposal(0, len(prompt), [], 1, num_forced_tokens=16, committed_len=len(prompt))
+    [[result]] = drafter.propose_many([("s", [first])])
+    chosen, *spelled = result.proposal.token_ids
+    assert spelled == vocabulary.encode("config_name = ") and (vocabulary.hits, vocabulary.misses) == (0, 0)
+    other = vocabulary.encode("c")[0]
+    assert other != spelled[1]
+    committed = [chosen, spelled[0], other]
+    sync = LaneProposal(0, len(prompt), committed, 0, committed_len=len(prompt) + len(committed))
+    drafter.propose_many([("s", [sync])])
+    assert (vocabulary.hits, vocabulary.misses) == (1, 1)
