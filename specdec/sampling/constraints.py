@@ -215,8 +215,8 @@ class ConstraintCursor:
             self._matcher.rollback(len(tokens) - common)
             del tokens[common:]
         self.follows = True
-        for token in generated[common:]:
-            if not self._matcher.accept_token(int(token)):
+        for token in generated[common:]:  # none after the stop token (the engine would log each refusal)
+            if self._matcher.is_terminated() or not self._matcher.accept_token(int(token)):
                 self.follows = False
                 return
             tokens.append(int(token))

@@ -347,3 +347,14 @@ def test_the_drafter_counts_its_spelled_tokens_against_the_committed_output(pair
     sync = LaneProposal(0, len(prompt), committed, 0, committed_len=len(prompt) + len(committed))
     drafter.propose_many([("s", [sync])])
     assert (vocabulary.hits, vocabulary.misses) == (1, 1)
+
+
+def test_a_cursor_stops_following_at_the_stop_token_without_engine_warnings(pair, compiler, capfd):
+    """Tokens after the stop token (a lane drafting past the end) leave the cursor not following, and the engine is
+    not asked to accept them, which it would log on every call."""
+    eos = min(pair[0].eos_token_ids)
+    cursor = compiler.cursor(ConstraintSpec(ConstraintKind.REGEX, "ab"))
+    ab = cursor.spelling.vocabulary.encode("ab")
+    cursor.sync([*ab, eos, ab[0]])
+    assert not cursor.follows and cursor.tokens == [*ab, eos]
+    assert "terminated" not in capfd.readouterr().err
