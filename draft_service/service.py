@@ -270,14 +270,17 @@ class DraftService:
             if not synced:
                 lane.truncate(proposal.base_len)
                 lane.append(proposal.appended_ids)
-            if proposal.committed_len and isinstance(lane, ModelDraftSession):
-                lane.observe_committed(min(proposal.committed_len, len(lane)))
             if isinstance(lane, ModelDraftSession) and proposal.num_tokens:
                 jobs.append((slot, lane, proposal))
                 answered.append(None)
                 continue
             drafted = lane.propose(proposal.num_tokens) if proposal.num_tokens else Proposal([], None)
             answered.append(ProposeResult(drafted, len(lane), time.perf_counter_ns() - started))
+        # Every synced lane begins with the committed tokens, and the lanes share one record of spelled tokens: one
+        # lane judges them for all.
+        first = lanes.lane(proposals[0].lane) if proposals else None
+        if isinstance(first, ModelDraftSession) and proposals[0].committed_len:
+            first.observe_committed(min(proposals[0].committed_len, len(first)))
         return answered, jobs
 
     def _check(self, session_id: str, lanes: DraftLanes, proposal: LaneProposal) -> None:
