@@ -280,6 +280,7 @@ def main(argv: list[str] | None = None) -> dict:
         "what": "greedy tokens/s of constrained speculative decoding against unconstrained speculative decoding and "
         "against constrained plain decoding (γ 0), through one stack, batch 1",
         "headline": headline(results) if {HEADLINE_CONSTRAINT, LIKE_FOR_LIKE_CONSTRAINT} <= results.keys() else None,
+        "floors": FLOORS,
         "pair": pair.name,
         "target": pair.target,
         "draft": pair.draft,

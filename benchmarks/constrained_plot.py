@@ -32,7 +32,7 @@ def plot(report: dict, path: pathlib.Path) -> pathlib.Path:
     speed.set_title(f"{report['pair']} pair, γ {report['gamma']}, {report['gamma_policy']}")
     speed.legend(fontsize=8)
     width = 0.8 / len(RATIOS)
-    floors = report["headline"]["floors"]
+    floors = report["floors"]  # also when a run of some constraints has no headline
     for slot, ratio in enumerate(RATIOS):
         for index, name in enumerate(names):
             x = index - 0.4 + (slot + 0.5) * width
