@@ -25,6 +25,7 @@ from coordinator.request_plan import MAX_RANKED_ALTERNATIVES
 from coordinator.servicer import CoordinatorServicer
 from coordinator.settings import CoordinatorSettings
 from specdec.common.settings import parse_settings
+from specdec.common.startup_objects import freeze_startup_objects
 from specdec.engine.cpu_affinity import pin_cpus
 from specdec.engine.gguf_checkpoint import resolve_model
 from specdec.engine.model_runtime import VocabularyIdentity, check_same_vocabulary, tokenizer_sha256
@@ -180,6 +181,7 @@ async def serve(settings: CoordinatorSettings) -> None:
     pools = [servicer.draft_pool, servicer.verify_pool]
     certificates = asyncio.ensure_future(follow_replica_certificates(replica_tls, pools, settings.call_timeout_s))
     http = await start_http_front(servicer, settings) if settings.http_address else None
+    freeze_startup_objects()
     print(f"coordinator listening on port {running.port}{f', HTTP on port {http.port}' if http else ''}", flush=True)
     await wait_for_termination(running, settings.grace_s)
     certificates.cancel()

@@ -10,6 +10,7 @@ import asyncio
 import sys
 
 from specdec.common.settings import parse_settings
+from specdec.common.startup_objects import freeze_startup_objects
 from specdec.engine.cpu_affinity import pin_cpus
 from specdec.engine.model_loading import load_model
 from specdec.engine.model_process import ModelProcess, serving_model
@@ -64,6 +65,7 @@ async def serve(settings: VerifySettings) -> None:
             )
         if isinstance(model, ModelProcess):  # gone: its passes fail UNAVAILABLE, health NOT_SERVING for good
             model.on_exit(lambda code: running.end_health_from_thread(f"the model process exited ({code})"))
+        freeze_startup_objects()
         print(f"verify service listening on port {running.port}", flush=True)
         await wait_for_termination(running, settings.grace_s, servicer.drain)
     finally:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from specdec.common.startup_objects import freeze_startup_objects
 from specdec.engine.model_runtime import Cache, LoadedModel, ModelSettings
 from verify_service.tp_protocol import ControlChannel, Heartbeat, Shutdown, Step
 
@@ -146,6 +147,7 @@ def serve_rank(spec: RankSpec) -> None:
         channel.gather(describe_rank(spec, model))
         channel.set_timeout(spec.timeout_s)
         mirror = CacheMirror(model)
+        freeze_startup_objects()
         while True:
             op = channel.receive()  # times out when rank 0 sends nothing, not even a heartbeat
             if isinstance(op, Shutdown):

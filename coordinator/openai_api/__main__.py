@@ -21,6 +21,7 @@ from coordinator.openai_api.app import start_front
 from coordinator.openai_api.backends import GrpcBackend
 from coordinator.openai_api.settings import HttpApiSettings
 from specdec.common.settings import parse_settings, setting
+from specdec.common.startup_objects import freeze_startup_objects
 from specdec.engine.cpu_affinity import CpuAffinitySettings, pin_cpus
 from specdec.engine.embedded_pair import DEMO_TARGET_DIR
 from specdec.serving.grpc_options import channel_options
@@ -57,6 +58,7 @@ async def serve(settings: FrontSettings) -> None:
     tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer)
     http, config = await start_front(GrpcBackend(channel), tokenizer, settings, settings.address)
     log.info("OpenAI-compatible HTTP API for %s, model %r", settings.coordinator, config.model_names[0])
+    freeze_startup_objects()
     print(f"http front listening on port {http.port}", flush=True)
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -17,6 +17,7 @@ from multiprocessing.connection import Connection
 import torch
 import torch.multiprocessing  # noqa: F401 - registers how tensors in shared memory travel over a pipe
 
+from specdec.common.startup_objects import freeze_startup_objects
 from specdec.engine.kv.pool import KVPool, SequenceKV
 from specdec.engine.model_runtime import LoadedModel, ModelSettings
 
@@ -171,6 +172,7 @@ def serve_passes(settings: ModelSettings, cpus: frozenset[int], connection: Conn
         return
     logits_out = SharedLogits(SHARED_LOGIT_ROWS, model.vocab_size)
     lookahead = GreedyLookahead(model)
+    freeze_startup_objects()
     connection.send(("ready", logits_out.buffer))
     while True:
         try:
