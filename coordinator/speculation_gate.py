@@ -7,7 +7,10 @@ At each load level (active generations, log2) it runs epochs with speculation al
 round is plain (γ = 0 through the verifier), compares the tokens committed per second over all requests, and keeps
 the better way; the other is measured again now and then, more often while the two are close. Where the verifier
 does not batch, or the γ policy predicts a wide gain for speculation (its fixed pass cost dominates), plain epochs
-would only cost, so none are run there. Speculation must win by a margin to be kept.
+would only cost, so none are run there. Speculation must win by a margin to be kept. Its gain falls as the load
+grows, so a level above one that keeps plain rounds starts with plain rounds too: it measures speculation only at its
+rechecks, not in epochs of its own first, and a load that climbs past the point where speculation stops paying does
+not pay for that lesson again at every level (docs/architecture.md, "The speculation policy").
 """
 
 from __future__ import annotations
@@ -109,6 +112,10 @@ class SpeculationGate:
             return True  # this request's own prediction says speculate clearly: a plain epoch is not for it
         return epoch.speculative
 
+    def _plain_kept_below(self, level: int) -> bool:
+        """Whether a lighter load level measured plain rounds faster and keeps them."""
+        return any(not speculating for lower, speculating in self._kept.items() if lower < level)
+
     def _record(self, epoch: Epoch, now: float) -> None:
         if epoch.mark_s is None or now <= epoch.mark_s:
             return
@@ -124,6 +131,8 @@ class SpeculationGate:
         run = self._epochs_run[level] = self._epochs_run.get(level, 0) + 1
         speculative, plain = self.throughput(level, True), self.throughput(level, False)
         if min(speculative.epochs, plain.epochs) < MIN_EPOCHS:
+            if self._plain_kept_below(level):  # speculation pays less the more run: plain until rechecks tell
+                return Epoch(level, run % RECHECK_WIDE == 0, now)
             return Epoch(level, speculative.epochs <= plain.epochs, now)
         faster = speculative.tokens_per_s >= plain.tokens_per_s * (1 + SPECULATION_MARGIN)  # the way to keep
         if self._kept.get(level) != faster:

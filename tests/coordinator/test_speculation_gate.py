@@ -72,6 +72,27 @@ def test_a_wide_gap_is_rechecked_less_often():
     assert ways[2 * MIN_EPOCHS :].count(False) == 1
 
 
+def test_a_heavier_load_than_one_that_keeps_plain_starts_plain_and_rechecks_speculation():
+    gate, clock = gate_at(16)
+    for _ in range(2 * MIN_EPOCHS):
+        run_epoch(gate, clock, {True: 150.0, False: 200.0})  # level 4 keeps plain rounds
+    for _ in range(48):
+        gate.enter()  # 64 running: level 6, not measured yet
+    ways = [run_epoch(gate, clock, {True: 150.0, False: 200.0}) for _ in range(2 * RECHECK_WIDE)]
+    assert ways.count(True) == 2  # no exploring epochs of speculation, only the rechecks
+    assert gate.throughput(6, True).epochs == 2 and gate.throughput(6, False).epochs == 2 * RECHECK_WIDE - 2
+
+
+def test_a_lighter_load_than_one_that_keeps_plain_still_measures_both_ways():
+    gate, clock = gate_at(16)
+    for _ in range(2 * MIN_EPOCHS):
+        run_epoch(gate, clock, {True: 150.0, False: 200.0})
+    for _ in range(12):
+        gate.leave()  # 4 running: level 2
+    ways = [run_epoch(gate, clock, {True: 300.0, False: 200.0}) for _ in range(2 * MIN_EPOCHS)]
+    assert ways == [True, False, True, False]
+
+
 def test_the_settling_start_of_an_epoch_is_not_measured():
     gate, clock = gate_at(1)
     assert gate.allows_speculation(lambda: True)
