@@ -131,7 +131,7 @@ class SpeculationGate:
         run = self._epochs_run[level] = self._epochs_run.get(level, 0) + 1
         speculative, plain = self.throughput(level, True), self.throughput(level, False)
         if min(speculative.epochs, plain.epochs) < MIN_EPOCHS:
-            if self._plain_kept_below(level):  # speculation pays less the more run: plain until rechecks tell
+            if self._plain_kept_below(level):  # it pays less under more load: plain until its rechecks say otherwise
                 return Epoch(level, run % RECHECK_WIDE == 0, now)
             return Epoch(level, speculative.epochs <= plain.epochs, now)
         faster = speculative.tokens_per_s >= plain.tokens_per_s * (1 + SPECULATION_MARGIN)  # the way to keep
