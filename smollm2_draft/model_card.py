@@ -4,77 +4,97 @@ from __future__ import annotations
 
 import pathlib
 
-SELF_WRITTEN_MINUTES = "; ~35 min for the self-written prompts and their answers"
+ANSWER_SETS = (  # (training_data key of its count, or None for the rest; its name; minutes to generate)
+    (None, "template", 10),
+    ("answers_to_self_written_prompts", "self", 35),
+    ("answers_to_requests_for_json", "json", 7),
+)
+
+
+def run_chain(training: dict) -> list[dict]:
+    """The training runs that made the draft, first to last (each training.json holds the run it started from)."""
+    runs = []
+    while training:
+        runs.insert(0, training)
+        training = training.get("deepened_from")
+    return runs
+
+
+def answer_counts(run: dict) -> dict[str, int]:
+    """A run's answers by set name (template, self, json), the sets it had."""
+    data = run["training_data"]
+    counts = {name: data.get(key, 0) for key, name, _ in ANSWER_SETS if key}
+    counts = {"template": data["answers"] - sum(counts.values()), **counts}
+    return {name: count for name, count in counts.items() if count}
+
+
+def run_start(runs: list[dict], index: int) -> str:
+    layers = runs[index]["shape"]["layers"]
+    if index == 0:
+        return f"the target's first {layers} layers"
+    before = runs[index - 1]["shape"]["layers"]
+    if before < layers:
+        return f"run {index}, deepened by the target's next {layers - before} (attention output and MLP down zeroed)"
+    return f"run {index}"
 
 
 def training_lines(training: dict) -> list[str]:
-    """The card's training section: data, loss, and each run (a deepened draft's shallower run first)."""
-    data, shape, earlier = training["training_data"], training["shape"], training.get("deepened_from")
-    runs = [earlier, training] if earlier else [training]
-    self_made = data.get("answers_to_self_written_prompts", 0)
-    if earlier and earlier["shape"]["layers"] < shape["layers"]:
-        start = (
-            f"first as the target cut to its first {earlier['shape']['layers']} layers, then deepened by the "
-            f"target's next {shape['layers'] - earlier['shape']['layers']} with their attention output and MLP down "
-            "projections zeroed (so it starts computing what the shallower draft does) and distilled on"
-        )
-    elif earlier:
-        added = " on the template prompts' answers" if self_made else ""
-        start = f"first as the target cut to its first {shape['layers']} layers{added}, then distilled on from there"
-        start += " with the answers to self-written prompts added" if self_made else ""
-    else:
-        start = f"starting as the target cut to its first {shape['layers']} layers"
-    self_written = (
-        f" and to {self_made:,} user messages the target wrote itself (its chat template up to a user turn, sampled "
-        "at temperature 1, top-p 0.95, `smollm2_draft/self_prompts.py`; a message naming a held-out topic is dropped)"
-        if self_made
-        else ""
-    )
+    """The card's training section: the data, the loss, and each run."""
+    runs = run_chain(training)
+    used = {name for run in runs for name in answer_counts(run)}
     minutes = sum(run["train_seconds"] for run in runs) / 60
+    generating = "; ".join(f"~{m} min for the {name} answers" for _, name, m in ANSWER_SETS if name in used)
     return [
-        f"Distilled from the target on its own answers, {start} (embeddings frozen: they stay the target's). Data: "
-        f"the target's answers to the {data['answers'] - self_made:,} training-side chat prompts of "
-        "`load_tests/chat_prompts.py` (question templates × topics, split by topic: no held-out topic is seen)"
-        f"{self_written}, "
-        f"{data['answer_tokens']:,} answer tokens, {data['greedy_answers']:,} greedy and {data['sampled_answers']:,} "
-        "sampled at temperature 1, up to 128 tokens each, with the target's top-32 log-probabilities at each "
-        "position (the target run in bfloat16 for the answers, 3× its float32 rate here). Loss: cross-entropy to the "
-        "target's top-32 distribution on the head's ids plus a rest bucket, plus cross-entropy on the target's token "
-        "(weight 1 sampled, 0.1 greedy).",
+        "Distilled from the target on its own answers (embeddings frozen: they stay the target's), in runs that each "
+        "start where an earlier one ended. The answers come in three sets: **template**, the training-side chat "
+        "prompts of `load_tests/chat_prompts.py` (question templates × topics, split by topic: no held-out topic is "
+        "seen); **self**, user messages the target wrote itself (its chat template up to a user turn, sampled at "
+        "temperature 1, top-p 0.95, `smollm2_draft/self_prompts.py`; a message naming a held-out topic is dropped); "
+        "**json**, requests to describe a training-side topic as a JSON object with the fields of a random schema, "
+        "answered under that schema as the stack decodes it (`smollm2_draft/json_answers.py`). Up to 128 tokens an "
+        "answer, two in three greedy and one sampled at temperature 1, with the target's top-32 log-probabilities at "
+        "each position (under a schema, named over the ids it allows first; the target run in bfloat16 for the "
+        "answers, 3× its float32 rate here). Loss: cross-entropy to the target's top-32 distribution on the head's "
+        "ids plus a rest bucket, plus cross-entropy on the target's token (weight 1 sampled, 0.1 greedy).",
         "",
-        "| run | layers | steps (batch 16 answers with their prompts) | wall time (2 threads) | peak learning rate "
-        "(warm-up, cosine to 10%) | final training loss |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| run | starts from | answers (tokens) | steps (batch 16 answers with their prompts) | wall time "
+        "(2 threads) | peak learning rate (warm-up, cosine to 10%) | final training loss |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
         *(
-            f"| {i + 1} | {run['shape']['layers']} | {run['steps']} | {run['train_seconds'] / 60:.1f} min | "
+            f"| {i + 1} | {run_start(runs, i)} | "
+            + " + ".join(f"{count:,} {name}" for name, count in answer_counts(run).items())
+            + f" ({run['training_data']['answer_tokens']:,}) | {run['steps']} | {run['train_seconds'] / 60:.1f} min | "
             f"{run['settings']['learning_rate']} | {run['final_train_loss']} |"
             for i, run in enumerate(runs)
         ),
         "",
         f"In all {minutes:.1f} min of training on a shared 2-core machine, after generating the answers "
-        f"(~10 min for the template prompts'{SELF_WRITTEN_MINUTES if self_made else ''}).",
+        f"({generating}).",
     ]
 
 
 def reproduce_lines(training: dict) -> list[str]:
     """The data and training commands, one a run (resumable from their checkpoints)."""
-    earlier = training.get("deepened_from")
-    self_made = training["training_data"].get("answers_to_self_written_prompts", 0)
-    runs = [(earlier, ""), (training, " --deepen models/smollm2-draft")] if earlier else [(training, "")]
-    lines = [
-        f"python -m smollm2_draft.train draft --layers {run['shape']['layers']} --steps {run['steps']} "
-        f"--learning-rate {run['settings']['learning_rate']}{deepen}"
-        for run, deepen in runs
-    ]
-    if self_made:  # the self-written prompts' answers join the last run's data
-        lines.insert(len(lines) - 1, f"python -m smollm2_draft.train self-answers --self-prompts {self_made}")
+    runs, lines, made = run_chain(training), [], {"template"}
+    for index, run in enumerate(runs):
+        sets = answer_counts(run)
+        if "self" in sets and "self" not in made:
+            lines.append(f"python -m smollm2_draft.train self-answers --self-prompts {sets['self']}")
+        if "json" in sets and "json" not in made:
+            lines.append(f"python -m smollm2_draft.train json-answers --json-answers {sets['json']}")
+        made |= set(sets)
+        deepen = " --deepen models/smollm2-draft" if index else ""
+        lines.append(
+            f"python -m smollm2_draft.train draft --layers {run['shape']['layers']} --steps {run['steps']} "
+            f"--learning-rate {run['settings']['learning_rate']} --answer-sets {','.join(sets)}{deepen}"
+        )
     return lines
 
 
 def card(measurements: dict) -> str:
     draft, training = measurements["draft"], measurements["training"]
     steps, t0, t1 = draft["step_times"], draft["temperature_0"], draft["temperature_1"]
-    shape, data = training["shape"], training["training_data"]
+    shape = training["shape"]
     self_spec, ngram = measurements["self_speculation"], measurements["ngram"]
     gamma = measurements["gamma"]
     return "\n".join(
@@ -151,8 +171,8 @@ def card(measurements: dict) -> str:
             "",
             "## Limits",
             f"Greedy α {t0['acceptance_rate']:.2f} at γ {gamma} falls short of the 0.6 this draft was aimed at: "
-            f"{shape['layers']} of {shape['of_target_layers']} layers distilled on {data['answer_tokens']:,} answer "
-            "tokens learn the target's frequent phrasing, not its content words on unseen topics (acceptance at draft "
+            f"{shape['layers']} of {shape['of_target_layers']} layers distilled on the answers above learn the "
+            "target's frequent phrasing, not its content words on unseen topics (acceptance at draft "
             f"positions 1-{gamma}: {', '.join(f'{a:.2f}' for a in t0['acceptance_by_position'])}; the head holds "
             f"{draft['greedy_answer_tokens_in_head']:.1%} of the target's greedy tokens on these prompts). Short "
             "blocks pay best with it: the stack serves it at a small γ (`up`'s default), where a verify block costs "

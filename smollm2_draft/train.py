@@ -2,8 +2,10 @@
 
     python -m smollm2_draft.train answers --max-minutes 18   # the target's answers, resumable (~10 min in all)
     python -m smollm2_draft.train self-answers --self-prompts 4800   # user turns the target writes, and its answers
+    python -m smollm2_draft.train json-answers --json-answers 1536   # its answers to requests for JSON (~5 min)
     python -m smollm2_draft.train draft --layers 2 --steps 800          # distil a draft (resumes from its checkpoint)
     python -m smollm2_draft.train draft --deepen models/smollm2-draft   # start from that one (grown to --layers)
+    python -m smollm2_draft.train draft --answer-sets template,json     # on some of the answer sets only
 
 The target is the pinned GGUF (fetched by `python -m specdec fetch`); it answers in bfloat16 (3× the float32
 rate on these cores; its answers are the same text up to near-ties). Work files live in `--work-dir`. The
@@ -40,6 +42,7 @@ from smollm2_draft.distillation import (
     share_in_head,
     trained_draft,
 )
+from smollm2_draft.json_answers import generate_json_answers
 from smollm2_draft.self_prompts import generate_self_prompts
 from specdec.engine.borrowed_embeddings import EMBEDDING_TENSOR, write_embeddings_source
 from specdec.engine.gguf_checkpoint import resolve_model
@@ -74,11 +77,12 @@ def save_draft(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=["answers", "self-answers", "draft"])
+    parser.add_argument("stage", choices=["answers", "self-answers", "json-answers", "draft"])
     parser.add_argument("--work-dir", type=pathlib.Path, default=REPO_ROOT / ".smollm2_work")
     parser.add_argument("--draft-dir", type=pathlib.Path, default=SMOLLM2_DRAFT_DIR)
     parser.add_argument("--max-minutes", type=float, default=18.0, help="answers: stop after this long (resume later)")
     parser.add_argument("--self-prompts", type=int, default=4800, help="self-answers: user turns to write")
+    parser.add_argument("--json-answers", type=int, default=1536, help="json-answers: requests for JSON to answer")
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument(
         "--layers", type=int, default=DRAFT_LAYERS, help="the draft's depth (the target's first layers)"
@@ -88,6 +92,11 @@ def main(argv: list[str] | None = None) -> None:
         type=pathlib.Path,
         help="start from this trained draft, as deep or shallower (its training.json is kept)",
     )
+    parser.add_argument(
+        "--answer-sets",
+        default="template,self,json",
+        help="draft: the answers to train on, of those generated (template, self, json; model_card.py)",
+    )
     parser.add_argument("--learning-rate", type=float, default=1e-3, help="peak (warm-up 20 steps, cosine to 10%%)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
@@ -96,9 +105,13 @@ def main(argv: list[str] | None = None) -> None:
     target_dir = pathlib.Path(resolve_model(str(smollm2_target())))
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     answers_dir, self_answers_dir = args.work_dir / "chat-answers", args.work_dir / "self-answers"
+    json_answers_path = args.work_dir / "json-answers.pt"
 
-    if args.stage in ("answers", "self-answers"):
+    if args.stage in ("answers", "self-answers", "json-answers"):
         target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
+        if args.stage == "json-answers":
+            generate_json_answers(target, tokenizer, json_answers_path, args.json_answers, 64, 128, seed=2)
+            return
         if args.stage == "answers":
             prompts, out_dir = rendered_prompts(tokenizer, seed=0), answers_dir
         else:
@@ -111,8 +124,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{left} batches left" if left else "all answers done", flush=True)
         return
 
-    self_made = load_chat_answers(self_answers_dir)
-    answers = load_chat_answers(answers_dir) + self_made
+    sets = set(args.answer_sets.split(","))
+    template = load_chat_answers(answers_dir) if "template" in sets else []
+    self_made = load_chat_answers(self_answers_dir) if "self" in sets else []
+    as_json = torch.load(json_answers_path, weights_only=False) if "json" in sets and json_answers_path.exists() else []
+    answers = template + self_made + as_json
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     kept = head_token_ids(answers, HEAD_TOKENS, always=sorted(tokenizer.all_special_ids))
     answer_tokens = sum(len(a.answer_ids) for a in answers)
@@ -137,7 +153,8 @@ def main(argv: list[str] | None = None) -> None:
         draft = deepened_draft(shallower, target, args.layers)
     started = time.time()
     loss = distillation_loss(answers, kept, settings.batch_size, tokenizer.pad_token_id, target.config.vocab_size)
-    run_name = f"smollm2-draft-{args.layers}-layers" + ("-continued" if args.deepen else "")  # its checkpoint's name
+    continued = f"-continued-on-{'-'.join(sorted(sets))}" if args.deepen else ""
+    run_name = f"smollm2-draft-{args.layers}-layers{continued}"  # its checkpoint's name: one a run of the chain
     stats = train(run_name, draft, settings, loss, args.work_dir)
     sampled = sum(a.sampled for a in answers)
     stats.update(
@@ -153,6 +170,7 @@ def main(argv: list[str] | None = None) -> None:
             "teacher_top_k": TOP_K,
             "prompts": "load_tests.chat_prompts, training side of the topic split",
             "answers_to_self_written_prompts": len(self_made),
+            "answers_to_requests_for_json": len(as_json),
         },
         wall_seconds_this_run=round(time.time() - started, 1),
     )
