@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 import xgrammar
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from specdec.sampling.constraints import ConstraintCompiler, ConstraintSpec
 
@@ -49,7 +49,8 @@ def continue_under_constraints(
     matchers = [xgrammar.GrammarMatcher(compiler.compile(spec)) for spec in constraints]
     bitmask = xgrammar.allocate_token_bitmask(batch, compiler.vocab_size)  # [B, ceil(V / 32)] int32
     done = torch.zeros(batch, dtype=torch.bool)
-    out = teacher(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+    cache = DynamicCache()
+    out = teacher(input_ids=input_ids, attention_mask=attention, position_ids=positions, cache=cache, use_cache=True)
     tokens, top_values, top_ids, valid = [], [], [], []
     for _ in range(new_tokens):
         raw = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # [B, V]
@@ -78,7 +79,7 @@ def continue_under_constraints(
             input_ids=chosen[:, None],
             attention_mask=attention,
             position_ids=positions,
-            past_key_values=out.past_key_values,
+            cache=cache,
             use_cache=True,
         )
     return ConstrainedContinuations(

@@ -2,7 +2,7 @@
 
     python -m smollm2_draft.train answers --max-minutes 18   # the target's answers, resumable (~10 min in all)
     python -m smollm2_draft.train self-answers --self-prompts 4800   # user turns the target writes, and its answers
-    python -m smollm2_draft.train json-answers --json-answers 1536   # its answers to requests for JSON (~5 min)
+    python -m smollm2_draft.train json-answers --json-answers 1536   # its answers to requests for JSON (~7 min)
     python -m smollm2_draft.train draft --layers 2 --steps 800          # distil a draft (resumes from its checkpoint)
     python -m smollm2_draft.train draft --deepen models/smollm2-draft   # start from that one (grown to --layers)
     python -m smollm2_draft.train draft --answer-sets template,json     # on some of the answer sets only

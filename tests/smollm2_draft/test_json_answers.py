@@ -61,7 +61,25 @@ def test_every_finished_row_is_json_its_schema_accepts_and_ends_with_the_end_of_
     assert finished >= 3
 
 
-def test_a_row_is_written_alike_alone_and_left_padded_in_a_batch(setup):
+def masked_greedy_by_full_passes(setup, prompt: list[int], spec: ConstraintSpec, count: int) -> list[int]:
+    """The reference: each token from a pass over the whole sequence, no cache."""
+    tokenizer, teacher, compiler = setup
+    matcher, bitmask = (
+        xgrammar.GrammarMatcher(compiler.compile(spec)),
+        xgrammar.allocate_token_bitmask(1, len(tokenizer)),
+    )
+    sequence = list(prompt)
+    with torch.no_grad():
+        for _ in range(count):
+            logits = teacher(torch.tensor([sequence])).logits[:, -1].float()  # [1, V]
+            matcher.fill_next_token_bitmask(bitmask, 0)
+            xgrammar.apply_token_bitmask_inplace(logits, bitmask)
+            sequence.append(int(logits.argmax()))
+            matcher.accept_token(sequence[-1])
+    return sequence[len(prompt) :]
+
+
+def test_a_row_is_written_alike_alone_left_padded_in_a_batch_and_by_full_passes(setup):
     tokenizer = setup[0]
     spec = ConstraintSpec(ConstraintKind.JSON_SCHEMA, json.dumps(SCHEMA))
     short = tokenizer("CONFIG = ")["input_ids"]
@@ -70,6 +88,7 @@ def test_a_row_is_written_alike_alone_and_left_padded_in_a_batch(setup):
     batched = written(setup, [long, short], [spec, spec])
     length = int(alone.valid[0].sum())
     assert batched.tokens[1, :length].tolist() == alone.tokens[0, :length].tolist()
+    assert alone.tokens[0, :12].tolist() == masked_greedy_by_full_passes(setup, short, spec, 12)
     torch.testing.assert_close(batched.top_logprobs[1, :length], alone.top_logprobs[0, :length], atol=2e-3, rtol=0)
 
 
