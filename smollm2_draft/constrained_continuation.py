@@ -14,7 +14,7 @@ import torch
 import xgrammar
 from transformers import DynamicCache, PreTrainedModel
 
-from specdec.sampling.constraints import ConstraintCompiler, ConstraintSpec
+from specdec.sampling.constraints import ConstraintCompiler, ConstraintSpec, apply_bitmask
 
 ALLOWED_FIRST = 1e4  # added to an allowed id's log-probability when ranking which ids to name
 
@@ -59,7 +59,7 @@ def continue_under_constraints(
             if not done[row]:
                 matcher.fill_next_token_bitmask(bitmask, row)
         masked = raw.clone()  # [B, V]
-        xgrammar.apply_token_bitmask_inplace(masked, bitmask)
+        apply_bitmask(masked, bitmask)
         chosen = masked.argmax(-1) if greedy else torch.multinomial(masked.exp(), 1).squeeze(-1)  # [B]
         chosen = torch.where(done, eos_id, chosen)
         named = torch.where(torch.isfinite(masked), raw + ALLOWED_FIRST, raw).topk(top_k, dim=-1).indices  # [B, K]

@@ -64,7 +64,7 @@ def generate_json_answers(
 ) -> list[ChatAnswer]:
     """`count` answers (two batches in three greedy, one sampled at temperature 1), saved at out_path."""
     if out_path.exists():
-        return torch.load(out_path, weights_only=False)
+        return load_json_answers(out_path)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     topics = [t for t in (*GENERAL_TOPICS, *MODULE_TOPICS) if not is_held_out(t)]
@@ -96,3 +96,8 @@ def generate_json_answers(
     out_path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(answers, out_path)
     return answers
+
+
+def load_json_answers(path: pathlib.Path) -> list[ChatAnswer]:
+    """The answers saved at path, none when there is no such file."""
+    return torch.load(path, weights_only=False) if path.exists() else []

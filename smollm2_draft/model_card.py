@@ -9,6 +9,7 @@ ANSWER_SETS = (  # (training_data key of its count, or None for the rest; its na
     ("answers_to_self_written_prompts", "self", 35),
     ("answers_to_requests_for_json", "json", 7),
 )
+ANSWER_SET_NAMES = tuple(name for _, name, _ in ANSWER_SETS)
 
 
 def run_chain(training: dict) -> list[dict]:

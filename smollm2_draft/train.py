@@ -42,7 +42,8 @@ from smollm2_draft.distillation import (
     share_in_head,
     trained_draft,
 )
-from smollm2_draft.json_answers import generate_json_answers
+from smollm2_draft.json_answers import generate_json_answers, load_json_answers
+from smollm2_draft.model_card import ANSWER_SET_NAMES
 from smollm2_draft.self_prompts import generate_self_prompts
 from specdec.engine.borrowed_embeddings import EMBEDDING_TENSOR, write_embeddings_source
 from specdec.engine.gguf_checkpoint import resolve_model
@@ -75,6 +76,14 @@ def save_draft(
     print(f"saved {out_dir}", flush=True)
 
 
+def answer_sets(text: str) -> set[str]:
+    """--answer-sets: comma-separated names of answer sets, each one the card knows."""
+    names = set(text.split(","))
+    if unknown := sorted(names - set(ANSWER_SET_NAMES)):
+        raise argparse.ArgumentTypeError(f"unknown answer sets {unknown}: choose among {', '.join(ANSWER_SET_NAMES)}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("stage", choices=["answers", "self-answers", "json-answers", "draft"])
@@ -94,8 +103,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--answer-sets",
-        default="template,self,json",
-        help="draft: the answers to train on, of those generated (template, self, json; model_card.py)",
+        type=answer_sets,
+        default=",".join(ANSWER_SET_NAMES),
+        help=f"draft: the answers to train on, of those generated ({', '.join(ANSWER_SET_NAMES)}; model_card.py)",
     )
     parser.add_argument("--learning-rate", type=float, default=1e-3, help="peak (warm-up 20 steps, cosine to 10%%)")
     parser.add_argument("--threads", type=int, default=2)
@@ -124,10 +134,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{left} batches left" if left else "all answers done", flush=True)
         return
 
-    sets = set(args.answer_sets.split(","))
+    sets = args.answer_sets
     template = load_chat_answers(answers_dir) if "template" in sets else []
     self_made = load_chat_answers(self_answers_dir) if "self" in sets else []
-    as_json = torch.load(json_answers_path, weights_only=False) if "json" in sets and json_answers_path.exists() else []
+    as_json = load_json_answers(json_answers_path) if "json" in sets else []
     answers = template + self_made + as_json
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     kept = head_token_ids(answers, HEAD_TOKENS, always=sorted(tokenizer.all_special_ids))

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+
+import pytest
+
 from smollm2_draft.model_card import answer_counts, reproduce_lines, run_chain, training_lines
+from smollm2_draft.train import answer_sets
 
 
 def run(steps: int, answers: int, before: dict | None = None, layers: int = 2, **sets: int) -> dict:
@@ -52,3 +57,9 @@ def test_the_training_table_has_a_row_a_run_and_a_deepened_run_says_so():
     assert "run 1, deepened by the target's next 2" in rows[1]
     assert "2,358 template (235,800)" in rows[0]
     assert len([line for line in training_lines(chain()) if line.startswith("| ") and line[2].isdigit()]) == 3
+
+
+def test_the_trainer_takes_the_cards_answer_set_names_and_refuses_others():
+    assert answer_sets("template,json") == {"template", "json"}
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown answer sets \\['jsn'\\]"):
+        answer_sets("template,jsn")
