@@ -230,8 +230,9 @@ class ConstraintCursor:
         """Up to `limit` tokens the constraint decides after `generated` (docs/architecture.md, "Constrained and
         penalised decoding": forced tokens), each with the allowed tokens a target may write instead: where it
         allows one token, that token (and none); where it allows several but forces the text ahead (the engine's
-        jump-forward string), that text as the tokenizer spells it, a guess the verifier judges (and the token of
-        the longest shorter prefix). Leaves the matcher after them."""
+        jump-forward string), that text as the target last wrote it there or else as the tokenizer spells it, a
+        guess the verifier judges (and the other ways to write the rest of the text: VocabularySpelling.
+        other_spellings). Leaves the matcher after them."""
         self.sync(generated)
         forced: list[tuple[int, list[int]]] = []
         if self._row is None:
@@ -241,27 +242,28 @@ class ConstraintCursor:
             self._matcher.fill_next_token_bitmask(row, 0)
             token = only_token(row.numpy()[0], self.vocab_size)
             spelled = token is None
-            tokens = [token] if token is not None else self._spell_forced_text()
+            rest, tokens, learnt = ("", [token], False) if token is not None else self._spell_forced_text()
             taken = 0
             for token in tokens[: limit - len(forced)]:
                 if not self._matcher.accept_token(token):
                     break
+                instead: list[int] = []
                 if spelled:
-                    self.spelling.proposed(self.tokens, token)
+                    self.spelling.proposed(self.tokens, token, learnt)
+                    instead, rest = self.spelling.vocabulary.other_spellings(rest, token)
                 self.tokens.append(token)
-                forced.append((token, self.spelling.vocabulary.shorter_token(token) if spelled else []))
+                forced.append((token, instead))
                 taken += 1
             if taken < len(tokens) or not taken:  # refused, or nothing forced: what follows is the draft's
                 break
         return forced
 
-    def _spell_forced_text(self) -> list[int]:
-        """The ids of the text the grammar forces where the matcher stands, while spelling it pays ([] when it
-        forces none, spelling does not pay, or the cursor has no tokenizer)."""
-        if self.spelling is None or not self.spelling.vocabulary.pays():
-            return []
-        text = self._matcher.find_jump_forward_string()
-        return self.spelling.vocabulary.encode(text) if text else []
+    def _spell_forced_text(self) -> tuple[str, list[int], bool]:
+        """The text the grammar forces where the matcher stands, the ids to propose for it (SpelledText.spell) and
+        whether they are the target's own spelling of it; no ids when it forces no text or the cursor has no
+        tokenizer."""
+        text = self._matcher.find_jump_forward_string() if self.spelling is not None else ""
+        return (text, *self.spelling.spell(self.tokens, text)) if text else (text, [], False)
 
     def block_mask(
         self, generated: Sequence[int], drafted: Sequence[int], rows: int

@@ -349,6 +349,33 @@ def test_the_drafter_counts_its_spelled_tokens_against_the_committed_output(pair
     assert (vocabulary.hits, vocabulary.misses) == (1, 1)
 
 
+def test_the_drafter_spells_a_forced_text_as_the_target_committed_it_there(pair):
+    """Once the committed output shows the target writing a forced text its own way (letter by letter here, not as
+    the tokenizer would), the drafter's next spelling of that text after the same token is the target's."""
+    from draft_service.service import DraftService, LaneProposal
+    from draft_service.settings import DraftSettings
+
+    draft = pair[1]
+    drafter = DraftService(DraftSettings(model=""), draft, draft.vocab_size)
+    spec = ConstraintSpec(ConstraintKind.REGEX, "(a|b)config_name = [0-9]")
+    prompt = draft.tokenizer("x = ", add_special_tokens=False)["input_ids"]
+    vocabulary = drafter.constraints.spelling
+    by_letter = [token for letter in "config_name = " for token in vocabulary.encode(letter)]
+    assert by_letter != vocabulary.encode("config_name = ")
+    proposals = []
+    for session in ("first", "second"):
+        drafter.open(session, prompt, SamplingParams(), "model", constraint=spec)
+        first = LaneProposal(0, len(prompt), [], 1, num_forced_tokens=16, committed_len=len(prompt))
+        [[result]] = drafter.propose_many([(session, [first])])
+        proposals.append(result.proposal.token_ids)
+        chosen = result.proposal.token_ids[0]
+        committed = [chosen, *by_letter, *vocabulary.encode("7")]  # the target's own spelling, then a digit
+        sync = LaneProposal(0, len(prompt), committed, 0, committed_len=len(prompt) + len(committed))
+        drafter.propose_many([(session, [sync])])
+    assert proposals[0][1:] == vocabulary.encode("config_name = ")
+    assert proposals[1] == [proposals[0][0], *by_letter]
+
+
 def test_a_cursor_stops_following_at_the_stop_token_without_engine_warnings(pair, compiler, capfd):
     """Tokens after the stop token (a lane drafting past the end) leave the cursor not following, and the engine is
     not asked to accept them, which it would log on every call."""
