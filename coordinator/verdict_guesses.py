@@ -61,11 +61,16 @@ def guesses(block: Sequence[int], alternatives: Sequence[Sequence[int]], per_pos
     return ranked
 
 
+ALL_ACCEPTED = (-1, 0)  # VerdictHistory's key for "all accepted", whatever the block's length
+
+
 class VerdictHistory:
     """How often a request's verdicts fell on each guessable outcome, to give lanes to the likeliest guesses.
 
-    An outcome is keyed by (tokens accepted, rank of the verifier's token among the draft's alternatives at the
-    rejected position), rank 0 for "all accepted"; a verdict whose token the draft did not rank counts nowhere.
+    A rejection is keyed by (tokens accepted, rank of the verifier's token among the draft's alternatives at the
+    rejected position); "all accepted" by one key for blocks of every length, since their lengths vary (lookup
+    tokens, a constraint's forced text) while whether a block is accepted whole is the request's habit; a verdict
+    whose token the draft did not rank counts nowhere.
     """
 
     def __init__(self) -> None:
@@ -74,13 +79,18 @@ class VerdictHistory:
     def observe(self, drafted: int, alternatives: Sequence[Sequence[int]], accepted: int, next_token: int) -> None:
         """Records one verdict on a block of `drafted` tokens with the draft's `alternatives` per position."""
         if accepted == drafted:
-            self.counts[accepted, 0] += 1
+            self.counts[ALL_ACCEPTED] += 1
         elif accepted < len(alternatives) and next_token in alternatives[accepted]:
             self.counts[accepted, list(alternatives[accepted]).index(next_token) + 1] += 1
 
     def rank(self, candidates: Sequence[Guess]) -> list[Guess]:
         """The candidates, most often matched first; equals (at first, all) keep their order from `guesses`."""
-        return sorted(candidates, key=lambda guess: -self.counts[guess.accepted, guess.rank])
+        return sorted(candidates, key=lambda guess: -self.counts[_key(guess)])
+
+
+def _key(guess: Guess) -> tuple[int, int]:
+    """The outcome a guess stands for, as VerdictHistory counts it."""
+    return ALL_ACCEPTED if guess.next_token is None else (guess.accepted, guess.rank)
 
 
 def assign_lanes(ranked: Sequence[Guess], lanes: Sequence[DraftLane], block_lane: int) -> list[tuple[Guess, DraftLane]]:

@@ -95,6 +95,18 @@ def test_verdicts_rank_the_guesses_they_matched_first_and_keep_the_fixed_order_b
     assert history.rank(guesses([5, 6, 7], [[8, 9], [10, 11], [12]], 2))[0] == Guess(1, 11)
 
 
+def test_all_accepted_counts_as_one_outcome_whatever_the_blocks_length():
+    """Blocks vary in length (lookup tokens, a constraint's forced text): a request whose blocks are mostly accepted
+    whole ranks "all accepted" first for a block of a length it has not seen, above a rejection seen twice."""
+    history = VerdictHistory()
+    for drafted in (3, 5, 7):
+        history.observe(drafted, [[21]] * drafted, drafted, 99)
+    history.observe(3, ALTERNATIVES, 1, 22)
+    history.observe(3, ALTERNATIVES, 1, 22)
+    block = [1, 2, 3, 4, 5, 6]
+    assert history.rank(guesses(block, [[21, 31]] * 6, 2))[0] == Guess(6, None)
+
+
 def test_all_accepted_keeps_the_blocks_lane_and_every_guess_gets_a_lane_of_its_own():
     lanes = [DraftLane(index, [1], 1) for index in range(3)]
     with_all = assign_lanes([Guess(3, None), Guess(0, 21), Guess(1, 22)], lanes, block_lane=1)
