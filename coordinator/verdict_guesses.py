@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 from coordinator.draft_lanes import DraftLane
 
+ALL_ACCEPTED = (-1, 0)  # VerdictHistory's key for "all accepted", whatever the block's length
+
 
 @dataclass(frozen=True)
 class Guess:
@@ -59,9 +61,6 @@ def guesses(block: Sequence[int], alternatives: Sequence[Sequence[int]], per_pos
             if rank < len(others)
         )
     return ranked
-
-
-ALL_ACCEPTED = (-1, 0)  # VerdictHistory's key for "all accepted", whatever the block's length
 
 
 class VerdictHistory:
